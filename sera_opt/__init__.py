@@ -1,0 +1,67 @@
+"""sera_opt: Scale-Equalized Rollout Allocation for Maximum Likelihood RL.
+
+Decide how many rollouts each prompt gets so that the MaxRL estimator's
+per-prompt attenuation factors ``w_c(p, n) = 1 - (1 - p) ** (n - c)`` are as
+equal as a fixed budget allows, and turn the rollouts into a
+multiplicity-corrected likelihood gradient.
+
+``import sera_opt`` loads numpy and scipy only; numba, cvxpy and torch are
+imported by the functions that need them.
+"""
+
+from importlib import import_module as _import_module
+
+from .api import allocate, waterline
+from .exceptions import (
+    InfeasibleBudgetError,
+    MissingDependencyError,
+    SeraOptError,
+    SeraOptWarning,
+    SolverError,
+)
+from .policies import (
+    AllocationPolicy,
+    SERAPolicy,
+    UniformPolicy,
+    available_policies,
+    get_policy,
+    register_policy,
+)
+from .problem import AllocationProblem, attenuation
+from .result import Allocation
+from .solvers import Solver, available_solvers, get_solver, register_solver
+
+# --- tracking and planning (numpy only) ---
+# --- end tracking and planning ---
+
+# Names whose modules import torch: loaded on first access so that
+# `import sera_opt` stays light.
+_LAZY = {
+    # --- estimator (torch) ---
+    "maxrl_advantages": ".estimator",
+    "aggregate_loss": ".estimator",
+    "policy_gradient_loss": ".estimator",
+    "advantage_diagnostics": ".estimator",
+    "group_statistics": ".estimator",
+    "GroupStatistics": ".estimator",
+    "ESTIMATORS": ".estimator",
+    "ESTIMATOR_OFFSETS": ".estimator",
+    "LOSS_MODES": ".estimator",
+    # --- end estimator ---
+}
+
+
+def __getattr__(name):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sera_opt' has no attribute {name!r}")
+    value = getattr(_import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
+
+__version__ = "0.1.0"

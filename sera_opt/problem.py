@@ -1,0 +1,316 @@
+"""Validated allocation problems and the MaxRL attenuation factor.
+
+THEORY.md section 2: with ``n`` rollouts of a prompt whose success probability
+is ``p``, the MaxRL estimator's expectation is the prompt's likelihood gradient
+scaled by the attenuation factor ``w_c(p, n) = 1 - (1 - p) ** (n - c)``, where
+the offset ``c`` is 0 for the success-average estimator and 1 for the
+mean-centred one.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .exceptions import InfeasibleBudgetError, SeraOptError
+
+__all__ = [
+    "AllocationProblem",
+    "attenuation",
+    "success_rates",
+    "validate_success_probs",
+    "validate_offset",
+]
+
+OFFSETS = (0, 1)
+
+
+def validate_offset(offset) -> int:
+    """Return ``offset`` as an int, or raise if it is not 0 or 1."""
+    if isinstance(offset, (bool, np.bool_)) or offset not in OFFSETS:
+        raise SeraOptError(
+            f"offset must be 0 (success-average estimator) or 1 (mean-centred "
+            f"estimator), got {offset!r}."
+        )
+    return int(offset)
+
+
+def _float_dtype(dtype: np.dtype) -> np.dtype:
+    # float32 inputs keep float32 outputs; anything else (ints, bools, float16)
+    # is promoted to at least float32, and float64 stays float64.
+    return np.result_type(dtype, np.float32)
+
+
+def validate_success_probs(success_probs, *, name: str = "success_probs") -> np.ndarray:
+    """Check that ``success_probs`` is a finite 1-D array of values in [0, 1].
+
+    Returns a float array (float32 stays float32, everything else becomes
+    float64). Raises :class:`SeraOptError` with the fix otherwise.
+    """
+    try:
+        p = np.asarray(success_probs)
+    except Exception as exc:  # ragged lists and the like
+        raise SeraOptError(
+            f"{name} must be a 1-D array of probabilities; could not convert it: {exc}"
+        ) from exc
+    if p.dtype == object or not (
+        np.issubdtype(p.dtype, np.number) or p.dtype == np.bool_
+    ):
+        raise SeraOptError(
+            f"{name} must be numeric probabilities in [0, 1], got dtype {p.dtype}."
+        )
+    if np.iscomplexobj(p):
+        raise SeraOptError(f"{name} must be real, got a complex array.")
+    if p.ndim != 1:
+        raise SeraOptError(
+            f"{name} must be 1-D (one success probability per prompt), got shape "
+            f"{p.shape}; flatten it or pass one batch at a time."
+        )
+    if p.size == 0:
+        raise SeraOptError(f"{name} is empty: a batch needs at least one prompt.")
+    p = p.astype(_float_dtype(p.dtype), copy=False)
+    bad = ~np.isfinite(p)
+    if bad.any():
+        raise SeraOptError(
+            f"{name} contains {int(bad.sum())} non-finite value(s) (NaN or inf), first "
+            f"at index {int(np.flatnonzero(bad)[0])}; estimate them (for example with "
+            f"sera_opt.SuccessTracker) before allocating."
+        )
+    out = (p < 0) | (p > 1)
+    if out.any():
+        i = int(np.flatnonzero(out)[0])
+        raise SeraOptError(
+            f"{name} must lie in [0, 1]; {int(out.sum())} value(s) do not, first "
+            f"{p[i]!r} at index {i}. sera_opt does not clip them: pass probabilities, "
+            f"not logits or counts."
+        )
+    return p
+
+
+def success_rates(success_probs) -> np.ndarray:
+    """Return ``a = -log(1 - p)``, the rate at which a prompt's level grows per rollout.
+
+    ``p = 1`` gives ``inf`` and ``p = 0`` gives ``0``; computed with ``log1p``
+    so that small probabilities keep their precision.
+    """
+    p = np.asarray(success_probs, dtype=np.float64)
+    with np.errstate(divide="ignore"):
+        return -np.log1p(-p)
+
+
+def attenuation(success_probs, counts, offset: int = 0):
+    """The MaxRL attenuation factor ``w_c(p, n) = 1 - (1 - p) ** (n - c)``.
+
+    Parameters
+    ----------
+    success_probs : array_like
+        Success probabilities in [0, 1]. Broadcasts against ``counts``.
+    counts : array_like
+        Rollout counts ``n`` (real values are accepted, for continuous
+        allocations).
+    offset : {0, 1}
+        ``c``: 0 for the success-average estimator, 1 for the mean-centred one.
+
+    Returns
+    -------
+    ndarray or float
+        The factor, in [0, 1]; exactly 0 where ``n - c <= 0``. Computed as
+        ``-expm1((n - c) * log1p(-p))`` so that it is accurate for ``p`` near 0
+        (where ``1 - (1 - p) ** m`` would cancel) and exact at ``p = 1``.
+    """
+    offset = validate_offset(offset)
+    p = np.asarray(success_probs)
+    n = np.asarray(counts)
+    if not (np.issubdtype(p.dtype, np.number) or p.dtype == np.bool_):
+        raise SeraOptError(f"success_probs must be numeric, got dtype {p.dtype}.")
+    if not (np.issubdtype(n.dtype, np.number) or n.dtype == np.bool_):
+        raise SeraOptError(f"counts must be numeric, got dtype {n.dtype}.")
+    dtype = _float_dtype(p.dtype)
+    p64 = p.astype(np.float64)
+    if np.isnan(p64).any() or (p64 < 0).any() or (p64 > 1).any():
+        raise SeraOptError(
+            "success_probs must lie in [0, 1] with no NaN; sera_opt does not clip them."
+        )
+    if np.isnan(n.astype(np.float64)).any():
+        raise SeraOptError("counts contain NaN.")
+    exponent = n.astype(np.float64) - offset
+    positive = exponent > 0
+    # Where the exponent is not positive the factor is 0 by definition; masking
+    # the exponent first avoids 0 * (-inf) = NaN at p = 1.
+    with np.errstate(divide="ignore", invalid="ignore"):
+        w = -np.expm1(np.where(positive, exponent, 1.0) * np.log1p(-p64))
+    w = np.where(positive, w, 0.0).astype(dtype, copy=False)
+    return w[()] if w.ndim == 0 else w
+
+
+def _as_bounds(value, name: str, m: int) -> np.ndarray:
+    arr = np.asarray(value)
+    if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.number):
+        raise SeraOptError(f"{name} must be an integer or an array of integers, got {value!r}.")
+    if np.issubdtype(arr.dtype, np.floating):
+        if not np.all(np.isfinite(arr)) or not np.all(arr == np.round(arr)):
+            raise SeraOptError(
+                f"{name} must hold whole numbers of rollouts, got {value!r}; round it "
+                f"yourself if that is what you mean."
+            )
+    if arr.ndim == 0:
+        arr = np.full(m, arr, dtype=np.int64)
+    elif arr.shape != (m,):
+        raise SeraOptError(
+            f"{name} must be a scalar or have one entry per prompt (shape ({m},)), got "
+            f"shape {arr.shape}."
+        )
+    return arr.astype(np.int64)
+
+
+@dataclass(frozen=True, eq=False)
+class AllocationProblem:
+    """A validated rollout-allocation problem.
+
+    Choose integer counts ``n_i`` with ``sum_i n_i = budget`` and
+    ``min_rollouts_i <= n_i <= max_rollouts_i``.
+
+    Parameters
+    ----------
+    success_probs : array_like, shape (M,)
+        Success probability of each prompt, finite and in [0, 1].
+    budget : int
+        Total number of rollouts, ``B``.
+    min_rollouts, max_rollouts : int or array_like of int
+        Per-prompt bounds (scalars broadcast). ``max_rollouts=None`` means no
+        per-prompt cap: prompt ``i`` may take everything the others leave,
+        ``budget - sum(min_rollouts) + min_rollouts_i``.
+    offset : {0, 1}
+        The estimator's offset ``c``. With ``c = 1`` every prompt needs at least
+        two rollouts for its factor to be positive.
+
+    Raises
+    ------
+    SeraOptError
+        On malformed input; :class:`InfeasibleBudgetError` when the budget lies
+        outside ``[sum(min_rollouts), sum(max_rollouts)]``.
+    """
+
+    success_probs: np.ndarray
+    budget: int
+    min_rollouts: np.ndarray = 1
+    max_rollouts: np.ndarray | None = None
+    offset: int = 0
+    rates: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self):
+        p = validate_success_probs(self.success_probs)
+        m = p.shape[0]
+        offset = validate_offset(self.offset)
+        try:
+            budget = operator.index(self.budget)
+        except TypeError:
+            b = self.budget
+            if isinstance(b, (float, np.floating)) and float(b).is_integer():
+                budget = int(b)
+            else:
+                raise SeraOptError(
+                    f"budget must be a whole number of rollouts, got {self.budget!r}."
+                ) from None
+        lo = _as_bounds(self.min_rollouts, "min_rollouts", m)
+        need = 1 + offset
+        if (lo < need).any():
+            i = int(np.flatnonzero(lo < need)[0])
+            why = (
+                "with offset=1 (mean-centred estimator) a prompt with one rollout has "
+                "factor 0 and its advantage is always 0"
+                if offset
+                else "every prompt in the batch needs at least one rollout"
+            )
+            raise SeraOptError(
+                f"min_rollouts must be at least {need}: {why}. Got {lo[i]} at index {i}; "
+                f"set min_rollouts={need} or more (or drop the prompt from the batch)."
+            )
+        lo_total = int(lo.sum())
+        if self.max_rollouts is None:
+            hi = np.maximum(lo, budget - lo_total + lo)
+        else:
+            hi = _as_bounds(self.max_rollouts, "max_rollouts", m)
+            if (hi < lo).any():
+                i = int(np.flatnonzero(hi < lo)[0])
+                raise SeraOptError(
+                    f"max_rollouts must be >= min_rollouts for every prompt; at index {i} "
+                    f"max_rollouts={hi[i]} < min_rollouts={lo[i]}."
+                )
+        hi_total = int(hi.sum())
+        if budget < lo_total or budget > hi_total:
+            raise InfeasibleBudgetError(
+                f"budget={budget} is infeasible for {m} prompts with these bounds: it must "
+                f"lie in [sum(min_rollouts), sum(max_rollouts)] = [{lo_total}, {hi_total}]. "
+                f"Change the budget or the bounds; sera_opt never clips the budget."
+            )
+        lo.setflags(write=False)
+        hi.setflags(write=False)
+        p.setflags(write=False)
+        rates = success_rates(p)
+        rates.setflags(write=False)
+        object.__setattr__(self, "success_probs", p)
+        object.__setattr__(self, "budget", budget)
+        object.__setattr__(self, "min_rollouts", lo)
+        object.__setattr__(self, "max_rollouts", hi)
+        object.__setattr__(self, "offset", offset)
+        object.__setattr__(self, "rates", rates)
+
+    @property
+    def num_prompts(self) -> int:
+        """M, the number of prompts."""
+        return int(self.success_probs.shape[0])
+
+    @property
+    def dtype(self) -> np.dtype:
+        """Float dtype of the inputs; factors are returned in it."""
+        return self.success_probs.dtype
+
+    @property
+    def spare_budget(self) -> int:
+        """Rollouts left after every prompt has its minimum, ``B - sum(min)``."""
+        return self.budget - int(self.min_rollouts.sum())
+
+    def levels(self, counts) -> np.ndarray:
+        """Levels ``a_i (n_i - c)``, with ``a_i = -log(1 - p_i)``.
+
+        The factor is ``1 - exp(-level)``, so equalizing factors is equalizing
+        levels. ``p = 1`` gives ``inf`` (for ``n > c``), ``p = 0`` gives 0.
+        """
+        m = np.asarray(counts, dtype=np.float64) - self.offset
+        with np.errstate(invalid="ignore"):
+            lv = self.rates * m
+        # inf * 0 is NaN; a prompt with no effective rollouts has level 0.
+        return np.where(m > 0, lv, 0.0)
+
+    def factors(self, counts) -> np.ndarray:
+        """Attenuation factors ``w_c(p_i, n_i)`` in the inputs' float dtype."""
+        return attenuation(self.success_probs, counts, self.offset)
+
+    def check_counts(self, counts) -> np.ndarray:
+        """Verify that ``counts`` is a feasible integer allocation; return it as int64."""
+        n = np.asarray(counts)
+        if n.shape != (self.num_prompts,):
+            raise SeraOptError(
+                f"counts must have shape ({self.num_prompts},), got {n.shape}."
+            )
+        if np.issubdtype(n.dtype, np.floating):
+            if not np.all(np.isfinite(n)) or not np.all(n == np.round(n)):
+                raise SeraOptError("counts must be whole numbers.")
+        elif not np.issubdtype(n.dtype, np.integer):
+            raise SeraOptError(f"counts must be integers, got dtype {n.dtype}.")
+        n = n.astype(np.int64)
+        if int(n.sum()) != self.budget:
+            raise SeraOptError(
+                f"counts sum to {int(n.sum())}, not to the budget {self.budget}."
+            )
+        bad = (n < self.min_rollouts) | (n > self.max_rollouts)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise SeraOptError(
+                f"counts[{i}]={n[i]} lies outside [{self.min_rollouts[i]}, "
+                f"{self.max_rollouts[i]}]."
+            )
+        return n

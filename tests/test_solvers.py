@@ -1,0 +1,324 @@
+"""Every integer solver against brute force, against each other, and the numba kernels
+against pure-Python references."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+import sera_opt
+from sera_opt import AllocationProblem
+from sera_opt.solvers.greedy import greedy_counts, level_key
+
+INTEGER_SOLVERS = ["waterline", "greedy", "milp"]
+
+
+def sorted_level_keys(problem: AllocationProblem, counts) -> list:
+    return sorted(
+        level_key(float(a), int(n) - problem.offset) for a, n in zip(problem.rates, counts)
+    )
+
+
+def brute_force(problem: AllocationProblem):
+    """All feasible integer allocations; returns the lexicographically best sorted level keys."""
+    ranges = [range(lo, hi + 1) for lo, hi in zip(problem.min_rollouts, problem.max_rollouts)]
+    best = None
+    for counts in itertools.product(*ranges):
+        if sum(counts) != problem.budget:
+            continue
+        key = sorted_level_keys(problem, counts)
+        if best is None or key > best:
+            best = key
+    return best
+
+
+def assert_lex_optimal(problem, counts, reference_keys, label):
+    got = sorted_level_keys(problem, counts)
+    assert got == reference_keys, (
+        f"{label}: sorted levels {got} differ from the lexicographic optimum {reference_keys} "
+        f"for p={problem.success_probs.tolist()}, budget={problem.budget}, "
+        f"bounds={problem.min_rollouts.tolist()}..{problem.max_rollouts.tolist()}, "
+        f"offset={problem.offset}, counts={list(counts)}"
+    )
+
+
+# Probabilities on a coarse grid produce many exact ties; 0 and 1 exercise the edges.
+prob = st.one_of(
+    st.sampled_from([0.0, 1.0, 0.5, 0.25, 0.75, 0.1, 0.9]),
+    st.floats(0.0, 1.0, allow_nan=False),
+)
+
+
+# The MILP compares levels within its solver's feasibility tolerance (about 1e-9),
+# so it can only certify problems whose levels differ by more than that.
+milp_prob = st.one_of(
+    st.sampled_from([0.0, 1.0, 0.5, 0.25, 0.75, 0.1, 0.9]),
+    st.floats(1e-4, 1 - 1e-4),
+)
+
+
+@st.composite
+def tiny_problems(draw, max_prompts=4, max_hi=6, probs=prob):
+    m = draw(st.integers(1, max_prompts))
+    offset = draw(st.sampled_from([0, 1]))
+    p = draw(st.lists(probs, min_size=m, max_size=m))
+    lo = [draw(st.integers(1 + offset, 2 + offset)) for _ in range(m)]
+    hi = [draw(st.integers(l_, l_ + max_hi - 2)) for l_ in lo]
+    budget = draw(st.integers(sum(lo), sum(hi)))
+    return AllocationProblem(np.array(p), budget, min_rollouts=np.array(lo),
+                             max_rollouts=np.array(hi), offset=offset)
+
+
+THEORY_EXAMPLE = dict(success_probs=[0.669, 0.201, 0.576, 0.600, 0.953], budget=12,
+                      min_rollouts=1, max_rollouts=9, offset=0)
+
+
+@pytest.mark.parametrize("solver", INTEGER_SOLVERS)
+def test_theory_counterexample(solver):
+    # THEORY.md section 3: floor-then-fill gives (1,6,2,2,1); the optimum is (2,5,2,2,1).
+    alloc = sera_opt.allocate(**THEORY_EXAMPLE, solver=solver)
+    assert alloc.counts.tolist() == [2, 5, 2, 2, 1]
+    assert alloc.min_factor == pytest.approx(1 - (1 - 0.201) ** 5, rel=1e-12)
+    floor_then_fill = np.array([1, 6, 2, 2, 1])
+    worse = sera_opt.attenuation(THEORY_EXAMPLE["success_probs"], floor_then_fill).min()
+    assert alloc.min_factor > worse + 5e-3
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tiny_problems())
+def test_waterline_and_greedy_match_brute_force(problem):
+    best = brute_force(problem)
+    for solver in ("waterline", "greedy"):
+        alloc = sera_opt.get_solver(solver).solve(problem)
+        assert_lex_optimal(problem, alloc.counts, best, solver)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tiny_problems(probs=milp_prob))
+def test_milp_matches_brute_force(problem):
+    best = brute_force(problem)
+    alloc = sera_opt.get_solver("milp").solve(problem)
+    assert_lex_optimal(problem, alloc.counts, best, "milp")
+
+
+@st.composite
+def larger_problems(draw):
+    m = draw(st.integers(5, 40))
+    seed = draw(st.integers(0, 2**31 - 1))
+    rng = np.random.default_rng(seed)
+    kind = draw(st.sampled_from(["uniform", "beta", "grid", "edges"]))
+    if kind == "uniform":
+        p = rng.uniform(0, 1, m)
+    elif kind == "beta":
+        p = rng.beta(0.3, 0.6, m)
+    elif kind == "grid":
+        p = rng.choice([0.1, 0.2, 0.5, 0.8], m)
+    else:
+        p = rng.choice([0.0, 1.0, 0.3, 0.7], m)
+    offset = draw(st.sampled_from([0, 1]))
+    lo = 1 + offset
+    hi = draw(st.integers(lo, lo + 20))
+    budget = draw(st.integers(m * lo, m * hi))
+    return AllocationProblem(p, budget, min_rollouts=lo, max_rollouts=hi, offset=offset)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(larger_problems())
+def test_solvers_agree_on_larger_problems(problem):
+    reference = greedy_counts(problem)
+    ref_keys = sorted_level_keys(problem, reference)
+    for solver in ("waterline", "milp"):
+        alloc = sera_opt.get_solver(solver).solve(problem)
+        assert_lex_optimal(problem, alloc.counts, ref_keys, solver)
+    # Same tie-breaking rule, so the fast path reproduces the greedy's counts exactly.
+    np.testing.assert_array_equal(
+        sera_opt.get_solver("waterline").solve(problem).counts, reference
+    )
+
+
+def test_waterline_equals_greedy_on_many_random_problems():
+    rng = np.random.default_rng(7)
+    for trial in range(200):
+        m = int(rng.integers(1, 300))
+        p = rng.beta(0.4, 0.8, m)
+        if trial % 4 == 0:
+            p = np.round(p, 1)  # ties
+        offset = int(trial % 2)
+        lo = rng.integers(1 + offset, 3 + offset, m)
+        hi = lo + rng.integers(0, 30, m)
+        budget = int(rng.integers(lo.sum(), hi.sum() + 1))
+        problem = AllocationProblem(p, budget, min_rollouts=lo, max_rollouts=hi, offset=offset)
+        fast = sera_opt.get_solver("waterline").solve(problem).counts
+        np.testing.assert_array_equal(fast, greedy_counts(problem), err_msg=f"trial {trial}")
+
+
+# ----------------------------------------------------------------------------
+# numba kernels against pure-Python references
+# ----------------------------------------------------------------------------
+
+def python_count_below(rates, m_lo, cap, level):
+    return [sum(1 for k in range(c) if a * (m + k) < level) for a, m, c in zip(rates, m_lo, cap)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.floats(1e-3, 20.0), st.integers(1, 5), st.integers(0, 12)),
+             min_size=1, max_size=8),
+    st.floats(0.0, 300.0),
+)
+def test_count_below_matches_python(items, level):
+    from sera_opt.solvers._waterline_kernels import count_below
+
+    rates = np.array([a for a, _, _ in items], dtype=np.float64)
+    m_lo = np.array([m for _, m, _ in items], dtype=np.int64)
+    cap = np.array([c for _, _, c in items], dtype=np.int64)
+    out = np.empty(len(items), dtype=np.int64)
+    total = count_below(rates, m_lo, cap, level, out)
+    expected = python_count_below(rates.tolist(), m_lo.tolist(), cap.tolist(), level)
+    assert out.tolist() == expected
+    assert total == sum(expected)
+
+
+def test_count_below_at_exact_products():
+    # A level equal to a pre-level is not counted: strictly below only.
+    from sera_opt.solvers._waterline_kernels import count_below
+
+    rates = np.array([0.1, 0.3, 1 / 3])
+    m_lo = np.array([1, 1, 3], dtype=np.int64)
+    cap = np.array([50, 50, 50], dtype=np.int64)
+    out = np.empty(3, dtype=np.int64)
+    for level in (rates[0] * 7, rates[1] * 3, rates[2] * 9, 1.0):
+        count_below(rates, m_lo, cap, level, out)
+        assert out.tolist() == python_count_below(rates.tolist(), m_lo.tolist(), cap.tolist(), level)
+
+
+def reference_waterline(problem: AllocationProblem):
+    """Exact continuous waterline by sorting breakpoints (finite positive rates only)."""
+    a = problem.rates
+    c = problem.offset
+    lo, hi = problem.min_rollouts.astype(float), problem.max_rollouts.astype(float)
+    points = np.sort(np.concatenate([a * (lo - c), a * (hi - c)]))
+
+    def total(level):
+        return np.clip(c + level / a, lo, hi).sum()
+
+    budget = problem.budget
+    # The root lies between two consecutive breakpoints where total crosses the budget.
+    values = np.array([total(x) for x in points])
+    j = int(np.searchsorted(values, budget, side="left"))
+    if j == 0:
+        return np.clip(c + points[0] / a, lo, hi), points[0]
+    x0, x1, v0, v1 = points[j - 1], points[j], values[j - 1], values[j]
+    level = x0 + (budget - v0) * (x1 - x0) / (v1 - v0) if v1 > v0 else x0
+    return np.clip(c + level / a, lo, hi), level
+
+
+@settings(max_examples=150, deadline=None)
+@given(larger_problems())
+def test_continuous_waterline_matches_sorted_breakpoints(problem):
+    assume(np.all((problem.rates > 0) & np.isfinite(problem.rates)))
+    counts, level = sera_opt.waterline(
+        problem.success_probs, problem.budget, min_rollouts=problem.min_rollouts,
+        max_rollouts=problem.max_rollouts, offset=problem.offset, return_level=True,
+    )
+    ref_counts, _ = reference_waterline(problem)
+    assert counts.sum() == pytest.approx(problem.budget, rel=1e-9, abs=1e-9)
+    np.testing.assert_allclose(counts, ref_counts, rtol=1e-7, atol=1e-7)
+    assert np.all(counts >= problem.min_rollouts - 1e-9)
+    assert np.all(counts <= problem.max_rollouts + 1e-9)
+
+
+def test_continuous_waterline_closed_form_when_all_active():
+    p = np.array([0.1, 0.2, 0.4])
+    a = -np.log1p(-p)
+    budget = 30
+    counts, level = sera_opt.waterline(p, budget, return_level=True)
+    expected_level = budget / np.sum(1 / a)  # c = 0, nobody at a bound
+    assert level == pytest.approx(expected_level, rel=1e-12)
+    np.testing.assert_allclose(counts, expected_level / a, rtol=1e-12)
+    # Equal levels means equal factors.
+    w = sera_opt.attenuation(p, counts)
+    np.testing.assert_allclose(w, w[0], rtol=1e-12)
+
+
+def test_relaxation_bounds_the_integer_optimum():
+    rng = np.random.default_rng(3)
+    p = rng.uniform(0.01, 0.99, 500)
+    alloc = sera_opt.allocate(p, 4000, max_rollouts=64)
+    # The relaxation's level is an upper bound on the integer optimum's minimum level,
+    # and the integer minimum comes within one rollout's level step of it.
+    assert alloc.levels.min() <= alloc.waterline * (1 + 1e-12)
+    assert alloc.levels.min() >= alloc.waterline - alloc.levels.max()
+    assert alloc.continuous.sum() == pytest.approx(4000)
+
+
+# ----------------------------------------------------------------------------
+# edges
+# ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("solver", INTEGER_SOLVERS)
+class TestEdges:
+    def test_zero_probability_is_pinned_at_max(self, solver):
+        alloc = sera_opt.allocate([0.0, 0.5, 0.9], 20, max_rollouts=8, solver=solver)
+        assert alloc.counts[0] == 8
+        assert alloc.factors[0] == 0.0
+        assert alloc.counts.sum() == 20
+
+    def test_certain_prompt_keeps_its_minimum(self, solver):
+        alloc = sera_opt.allocate([1.0, 0.5, 0.2], 20, min_rollouts=2, max_rollouts=12,
+                                  solver=solver)
+        assert alloc.counts[0] == 2
+        assert alloc.factors[0] == 1.0
+        assert not np.isnan(alloc.levels).any()
+
+    def test_certain_prompts_take_what_nobody_else_can(self, solver):
+        alloc = sera_opt.allocate([1.0, 1.0, 0.5], 14, min_rollouts=1, max_rollouts=6,
+                                  solver=solver)
+        assert alloc.counts.tolist() == [4, 4, 6]
+
+    def test_all_equal_probabilities_are_uniform(self, solver):
+        alloc = sera_opt.allocate(np.full(7, 0.3), 7 * 5 + 3, max_rollouts=10, solver=solver)
+        assert sorted(alloc.counts.tolist()) == [5] * 4 + [6] * 3
+        assert alloc.counts.tolist() == [6, 6, 6, 5, 5, 5, 5]  # remainder by index
+
+    def test_single_prompt_takes_the_budget(self, solver):
+        alloc = sera_opt.allocate([0.4], 9, solver=solver)
+        assert alloc.counts.tolist() == [9]
+
+    def test_budget_at_lower_bound(self, solver):
+        alloc = sera_opt.allocate([0.1, 0.5, 0.9], 6, min_rollouts=2, max_rollouts=5,
+                                  offset=1, solver=solver)
+        assert alloc.counts.tolist() == [2, 2, 2]
+
+    def test_budget_at_upper_bound(self, solver):
+        alloc = sera_opt.allocate([0.1, 0.5, 0.9], 15, min_rollouts=2, max_rollouts=5,
+                                  solver=solver)
+        assert alloc.counts.tolist() == [5, 5, 5]
+
+    def test_per_prompt_bounds(self, solver):
+        lo = np.array([1, 3, 2, 1])
+        hi = np.array([2, 9, 2, 8])
+        p = np.array([0.05, 0.05, 0.05, 0.05])
+        alloc = sera_opt.allocate(p, 16, min_rollouts=lo, max_rollouts=hi, solver=solver)
+        assert np.all(alloc.counts >= lo) and np.all(alloc.counts <= hi)
+        assert alloc.counts.tolist() == [2, 6, 2, 6]
+
+    def test_tiny_probabilities_keep_precision(self, solver):
+        p = np.array([1e-12, 2e-12, 0.5])
+        alloc = sera_opt.allocate(p, 31, max_rollouts=30, solver=solver)
+        # a ~ p: the 1e-12 prompt needs about twice the rollouts of the 2e-12 one.
+        assert alloc.counts.tolist() == [20, 10, 1]
+        assert alloc.min_factor > 0
+
+
+def test_continuous_with_edges():
+    counts, level = sera_opt.waterline([0.0, 0.5, 1.0], 12, max_rollouts=6, return_level=True)
+    assert counts[0] == 6 and counts[2] == 1
+    assert counts.sum() == pytest.approx(12)
+    counts, level = sera_opt.waterline([0.0, 0.0, 0.5], 5, max_rollouts=6, return_level=True)
+    assert level == 0.0
+    np.testing.assert_allclose(counts, [2, 2, 1])
