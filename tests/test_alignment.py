@@ -1,0 +1,300 @@
+"""The alignment experiment: exact gradients, the expected estimator, the demo pipeline.
+
+The experiment's claims rest on three computations, each checked here against
+a slow, obviously-correct reference: the exact likelihood gradient (finite
+differences and the softmax-regression closed form), the expected estimator
+``sum_i v_i w_c(p_i, n_i) grad log p_i`` (a Monte Carlo average of sampled
+estimators built from :func:`sera_opt.maxrl_advantages`), and the rollout
+sampler. The end-to-end tests run ``sera-opt demo`` and ``sera-opt bench
+alignment`` on a tiny configuration.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from tests.markers import has_module
+
+torch = pytest.importorskip("torch")
+
+from sera_opt.benchmarks import _digits  # noqa: E402
+from sera_opt.benchmarks import alignment as al  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    with _digits.single_thread():
+        yield
+
+
+def tiny_policy(seed: int, *, num_features: int = 5, hidden: int = 3,
+                temperature: float = 0.7) -> _digits.DigitsPolicy:
+    torch.manual_seed(seed)
+    model = _digits.DigitsPolicy(num_features, hidden, temperature=temperature).double()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(3.0)  # spread the label probabilities beyond ~0.1 each
+    return model
+
+
+def set_flat(model, flat: np.ndarray) -> None:
+    torch.nn.utils.vector_to_parameters(torch.as_tensor(flat, dtype=torch.float64),
+                                        model.parameters())
+
+
+# --------------------------------------------------------------------------- exact gradients
+
+
+@pytest.mark.parametrize("hidden", [0, 3])
+def test_weighted_gradient_matches_finite_differences(hidden):
+    rng = np.random.default_rng(0)
+    model = tiny_policy(1, hidden=hidden)
+    inputs = rng.random((4, 5))
+    labels = np.array([0, 3, 7, 3])
+    weights = rng.normal(size=4)
+    grad = _digits.weighted_log_prob_gradient(model, inputs, labels, weights)
+
+    theta = _digits.flat_parameters(model).numpy().copy()
+    assert grad.shape == theta.shape
+
+    def objective(flat):
+        set_flat(model, flat)
+        with torch.no_grad():
+            logp = _digits.log_probs(model, inputs).numpy()
+        return float(weights @ logp[np.arange(4), labels])
+
+    eps = 1e-6
+    numeric = np.empty_like(theta)
+    for k in range(theta.size):
+        step = np.zeros_like(theta)
+        step[k] = eps
+        numeric[k] = (objective(theta + step) - objective(theta - step)) / (2 * eps)
+    set_flat(model, theta)
+    np.testing.assert_allclose(grad, numeric, rtol=1e-6, atol=1e-8,
+                               err_msg="autograd gradient disagrees with central differences")
+
+
+def test_softmax_regression_score_closed_form():
+    # hidden=0: log p = log softmax(W x / T + b / T)[y], so
+    # grad_W log p = (e_y - q) x^T / T and grad_b log p = (e_y - q) / T.
+    rng = np.random.default_rng(1)
+    temperature = 0.5
+    model = tiny_policy(2, hidden=0, temperature=temperature)
+    inputs = rng.random((6, 5))
+    labels = rng.integers(0, 10, 6)
+    rows = _digits.per_prompt_gradients(model, inputs, labels)
+    with torch.no_grad():
+        q = _digits.log_probs(model, inputs).exp().numpy()
+    onehot = np.eye(10)[labels]
+    expected_w = np.einsum("ik,if->ikf", onehot - q, inputs) / temperature
+    expected_b = (onehot - q) / temperature
+    expected = np.concatenate([expected_w.reshape(6, -1), expected_b], axis=1)
+    np.testing.assert_allclose(rows, expected, rtol=1e-10, atol=1e-12)
+
+
+def test_batch_gradients_are_weighted_sums_of_per_prompt_gradients():
+    rng = np.random.default_rng(2)
+    model = tiny_policy(3)
+    inputs = rng.random((7, 5))
+    labels = rng.integers(0, 10, 7)
+    rows = _digits.per_prompt_gradients(model, inputs, labels)
+    grads = al.BatchGradients(model, inputs, labels)
+    np.testing.assert_allclose(grads.exact, rows.mean(axis=0), rtol=1e-10, atol=1e-13)
+    coef = rng.random(7)
+    np.testing.assert_allclose(grads.weighted(coef), coef @ rows, rtol=1e-10, atol=1e-13)
+    np.testing.assert_allclose(grads.success_probs,
+                               _digits.success_probs(model, inputs, labels), rtol=1e-12)
+
+
+def test_alignment_scores():
+    exact = np.array([1.0, 0.0, 0.0])
+    s = al.alignment_scores(np.array([0.5, 0.5, 0.0]), exact)
+    assert s["cosine"] == pytest.approx(np.sqrt(0.5))
+    assert s["relative_error"] == pytest.approx(np.sqrt(0.5))
+    assert s["norm_ratio"] == pytest.approx(np.sqrt(0.5))
+    assert al.alignment_scores(2 * exact, exact)["cosine"] == pytest.approx(1.0)
+    assert al.alignment_scores(np.zeros(3), exact)["cosine"] == 0.0
+
+
+# --------------------------------------------------------------------------- expected estimator
+
+
+def test_prompt_weights():
+    counts = np.array([1, 3, 4])
+    np.testing.assert_allclose(al.prompt_weights(counts, True), [1 / 3] * 3)
+    np.testing.assert_allclose(al.prompt_weights(counts, False), [1 / 8, 3 / 8, 4 / 8])
+    # under uniform counts the correction changes nothing
+    np.testing.assert_allclose(al.prompt_weights(np.full(5, 4), False),
+                               al.prompt_weights(np.full(5, 4), True))
+
+
+def test_expected_coefficients_formula():
+    p = np.array([0.1, 0.5, 0.9])
+    counts = np.array([2, 3, 5])
+    for c in (0, 1):
+        w = 1 - (1 - p) ** (counts - c)
+        np.testing.assert_allclose(al.expected_coefficients(p, counts, c, True), w / 3)
+        np.testing.assert_allclose(al.expected_coefficients(p, counts, c, False),
+                                   counts * w / counts.sum())
+
+
+def test_sample_rollouts_frequencies():
+    rng = np.random.default_rng(3)
+    probs = rng.dirichlet(np.ones(10), size=3)
+    counts = np.array([20000, 1, 30000])
+    index, labels = al.sample_rollouts(rng, probs, counts)
+    assert index.tolist() == [0] * 20000 + [1] + [2] * 30000
+    assert labels.min() >= 0 and labels.max() <= 9
+    for i in (0, 2):
+        freq = np.bincount(labels[index == i], minlength=10) / counts[i]
+        se = np.sqrt(probs[i] * (1 - probs[i]) / counts[i])
+        assert np.all(np.abs(freq - probs[i]) <= 5 * se + 1e-12), (freq, probs[i])
+
+
+@pytest.mark.parametrize("offset", [0, 1])
+@pytest.mark.parametrize("correction", [True, False])
+def test_expected_estimator_matches_monte_carlo(offset, correction):
+    """E[sampled gradient] = sum_i v_i w_c(p_i, n_i) grad log p_i, coordinate by coordinate.
+
+    The tolerance is 5 standard errors of the Monte Carlo mean per coordinate,
+    from the draws themselves, plus 1e-3 of the gradient's largest coordinate:
+    a label of probability ~1e-6 is never drawn in a few thousand draws, yet its
+    coordinates have a small non-zero expectation that the sample cannot see.
+    The test also checks that the tolerance is tight enough to reject the
+    other prompt weighting (corrected versus not).
+    """
+    rng = np.random.default_rng(4)
+    model = tiny_policy(5, num_features=4, hidden=0, temperature=0.25)
+    inputs = rng.random((5, 4))
+    with torch.no_grad():
+        q = _digits.log_probs(model, inputs).exp().numpy()
+    # true labels chosen to give a spread of success probabilities
+    order = np.argsort(-q, axis=1)
+    labels = np.array([order[0, 0], order[1, 1], order[2, 0], order[3, 2], order[4, 1]])
+    grads = al.BatchGradients(model, inputs, labels)
+    p = grads.success_probs
+    assert p.min() < 0.3 and p.max() > 0.5, p
+    counts = np.array([2, 3, 4, 6, 9]) if offset == 0 else np.array([2, 2, 4, 6, 9])
+    method = al.Method("sera", "true", offset, correction)
+
+    draws = 1500
+    samples = np.stack([grads.sampled(rng, counts, method) for _ in range(draws)])
+    mean = samples.mean(axis=0)
+    se = samples.std(axis=0, ddof=1) / np.sqrt(draws)
+    expected = grads.weighted(al.expected_coefficients(p, counts, offset, correction))
+    other = grads.weighted(al.expected_coefficients(p, counts, offset, not correction))
+    tol = 5 * se + 1e-3 * np.abs(expected).max()
+    assert np.all(np.abs(mean - expected) <= tol), np.max(np.abs(mean - expected) / tol)
+    assert np.any(np.abs(mean - other) > tol), "the Monte Carlo check has no power"
+
+
+# --------------------------------------------------------------------------- data and training
+
+
+@pytest.mark.skipif(not has_module("sklearn"), reason="needs scikit-learn")
+def test_digits_file_matches_load_digits():
+    fast = _digits.load_prompts()
+    slow = _digits.load_prompts(via_sklearn=True)
+    np.testing.assert_array_equal(fast[0], slow[0])
+    np.testing.assert_array_equal(fast[1], slow[1])
+    assert fast[0].shape == (1797, 64) and fast[0].max() == 1.0 and fast[0].min() == 0.0
+
+
+def test_training_gives_a_wide_spread_and_is_reproducible():
+    inputs, labels = _digits.load_prompts()
+    a = _digits.train_policies(inputs, labels, seed=0, steps=300, lag=50)
+    b = _digits.train_policies(inputs, labels, seed=0, steps=300, lag=50)
+    pa = _digits.success_probs(a.current, inputs, labels)
+    np.testing.assert_array_equal(pa, _digits.success_probs(b.current, inputs, labels))
+    # a heavy tail near 0, many near 1, and prompts in between
+    assert 0.03 < (pa < 0.01).mean() < 0.2
+    assert (pa > 0.95).mean() > 0.4
+    assert ((pa > 0.05) & (pa < 0.95)).mean() > 0.15
+    # the hopeless prompts are the ones whose training label was corrupted
+    assert pa[a.corrupted].mean() < 0.5 < pa[~a.corrupted].mean()
+    # the earlier checkpoint is a different policy
+    pe = _digits.success_probs(a.earlier, inputs, labels)
+    assert np.abs(pe - pa).mean() > 0.01
+
+
+# --------------------------------------------------------------------------- methods and pipeline
+
+
+def test_build_methods_skips_unregistered_peers():
+    config = replace(al.QUICK, peers=("no-such-policy", "uniform", "knapsack", "knapsack"))
+    methods, notes = al.build_methods(config, ("sera", "uniform", "knapsack"))
+    assert any("no-such-policy" in n and "skipped" in n for n in notes)
+    assert sum(m.policy == "knapsack" for m in methods) == 4  # 2 offsets x corrected or not
+    assert not any(m.policy == "no-such-policy" for m in methods)
+    keys = [m.key for m in methods]
+    assert len(keys) == len(set(keys))
+    for c in (0, 1):
+        assert f"uniform c={c}" in keys
+        assert f"sera/tracker/corrected c={c}" in keys
+        assert f"sera/true/uncorrected c={c}" in keys
+        assert f"sera/true/corrected/uncapped c={c}" in keys
+
+
+TINY = replace(al.QUICK, budgets=(2, 8), batch_size=64, num_batches=1, draws=2, peers=al.PEERS)
+
+
+def test_run_is_reproducible_and_well_formed():
+    first = al.run(TINY, show_progress=False, log=lambda *a: None)
+    second = al.run(TINY, show_progress=False, log=lambda *a: None)
+    assert first["results"] == second["results"]
+    keys = {e["method"] for e in first["results"]}
+    assert {"uniform c=0", "sera/tracker/corrected c=0", "sera/true/corrected c=1"} <= keys
+    for entry in first["results"]:
+        assert -1.0 <= entry["expected_cosine"] <= 1.0 + 1e-12
+        assert entry["draws"] == TINY.draws
+        assert entry["sampled_cosine"]["std"] >= 0
+        assert 0 <= entry["min_factor"] <= 1
+    # at the budget of two rollouts a prompt with c=1, every policy is uniform
+    c1 = [e for e in first["results"] if e["offset"] == 1 and e["budget_per_prompt"] == 2]
+    assert len({round(e["expected_cosine"], 12) for e in c1}) == 1
+    assert sum(first["success_probs"]["true_histogram"]) == TINY.batch_size
+    # peers not registered yet are reported, not silently dropped
+    import sera_opt
+
+    for name in al.PEERS:
+        if name in sera_opt.available_policies():
+            assert any(e["policy"] == name for e in first["results"]) or any(
+                k.startswith(f"{name}/") for k in first["failures"]), name
+        else:
+            assert any(repr(name) in n for n in first["notes"]), name
+
+
+def test_demo_end_to_end(tmp_path, capsys):
+    argv = ["--budgets", "2", "8", "--batch-size", "64", "--batches", "1", "--draws", "2",
+            "--no-progress", "--out", str(tmp_path)]
+    assert al.demo(argv) == 0
+    out = capsys.readouterr().out
+    assert "uniform" in out and "SERA(tracker)" in out and "SERA(true p) no cap" in out
+    assert "Expected-estimator cosine versus uniform" in out
+    payload = json.loads((tmp_path / "demo.json").read_text())
+    assert payload["config"]["budgets"] == [2, 8]
+    assert payload["config"]["peers"] == []
+
+
+def test_bench_main_writes_json_and_plot(tmp_path, capsys):
+    argv = ["--quick", "--budgets", "2", "4", "--batch-size", "32", "--batches", "1",
+            "--draws", "2", "--no-progress", "--peers", "--out", str(tmp_path)]
+    assert al.main(argv) == 0
+    payload = json.loads((tmp_path / "alignment.json").read_text())
+    assert payload["benchmark"] == "alignment"
+    assert "machine" in payload and payload["results"]
+    assert (tmp_path / "alignment.png").stat().st_size > 10_000
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_cli_dispatches_demo(tmp_path, capsys):
+    from sera_opt.cli import main
+
+    argv = ["demo", "--budgets", "4", "--batch-size", "32", "--batches", "1", "--draws", "1",
+            "--no-progress", "--expected-only"]
+    assert main(argv) == 0
+    assert "SERA(tracker)" in capsys.readouterr().out
