@@ -123,11 +123,15 @@ def attenuation(success_probs, counts, offset: int = 0):
     offset = validate_offset(offset)
     p = np.asarray(success_probs)
     n = np.asarray(counts)
+    _check_attenuation_inputs(p, n)
+    return _attenuation(p, n, offset)
+
+
+def _check_attenuation_inputs(p: np.ndarray, n: np.ndarray) -> None:
     if not (np.issubdtype(p.dtype, np.number) or p.dtype == np.bool_):
         raise SeraOptError(f"success_probs must be numeric, got dtype {p.dtype}.")
     if not (np.issubdtype(n.dtype, np.number) or n.dtype == np.bool_):
         raise SeraOptError(f"counts must be numeric, got dtype {n.dtype}.")
-    dtype = _float_dtype(p.dtype)
     p64 = p.astype(np.float64)
     if np.isnan(p64).any() or (p64 < 0).any() or (p64 > 1).any():
         raise SeraOptError(
@@ -135,6 +139,12 @@ def attenuation(success_probs, counts, offset: int = 0):
         )
     if np.isnan(n.astype(np.float64)).any():
         raise SeraOptError("counts contain NaN.")
+
+
+def _attenuation(p: np.ndarray, n: np.ndarray, offset: int):
+    """:func:`attenuation` on inputs already known to be valid."""
+    dtype = _float_dtype(p.dtype)
+    p64 = p.astype(np.float64, copy=False)
     exponent = n.astype(np.float64) - offset
     positive = exponent > 0
     # Where the exponent is not positive the factor is 0 by definition; masking
@@ -285,9 +295,14 @@ class AllocationProblem:
         # inf * 0 is NaN; a prompt with no effective rollouts has level 0.
         return np.where(m > 0, lv, 0.0)
 
-    def factors(self, counts) -> np.ndarray:
-        """Attenuation factors ``w_c(p_i, n_i)`` in the inputs' float dtype."""
-        return attenuation(self.success_probs, counts, self.offset)
+    def factors(self, counts, levels=None) -> np.ndarray:
+        """Attenuation factors ``w_c(p_i, n_i) = 1 - exp(-level_i)`` in the inputs' float dtype.
+
+        ``levels``, if already computed for these counts, saves recomputing them.
+        """
+        if levels is None:
+            levels = self.levels(counts)
+        return (-np.expm1(-levels)).astype(self.dtype, copy=False)
 
     def check_counts(self, counts) -> np.ndarray:
         """Verify that ``counts`` is a feasible integer allocation; return it as int64."""

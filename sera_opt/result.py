@@ -78,11 +78,12 @@ class Allocation:
         """
         n = problem.check_counts(counts)
         n.setflags(write=False)
-        w = problem.factors(n) if factors is None else np.asarray(factors)
+        levels = problem.levels(n)
+        levels.setflags(write=False)
+        w = problem.factors(n, levels) if factors is None else np.asarray(factors)
         w.setflags(write=False)
-        levels = problem.levels(n) if with_levels else None
-        if levels is not None:
-            levels.setflags(write=False)
+        if not with_levels:
+            levels = None
         if continuous is not None:
             continuous = np.asarray(continuous, dtype=np.float64)
             continuous.setflags(write=False)

@@ -47,7 +47,37 @@ def count_below(rates, m_lo, cap, level, out):
 
 
 @njit(cache=True)
-def integer_fill(rates, m_lo, cap, extra):
+def count_below_slope(rates, m_lo, cap, level, out):
+    """:func:`count_below`, plus the slope of its continuous relaxation at ``level``.
+
+    The slope is ``sum 1 / a_i`` over prompts strictly between their bounds:
+    the Newton step that locates the threshold uses it.
+    """
+    total = 0
+    slope = 0.0
+    for i in range(rates.shape[0]):
+        a = rates[i]
+        m = m_lo[i]
+        c = cap[i]
+        y = level / a - m
+        if y <= 0.0:
+            k = 0
+        elif y >= c:
+            k = c
+        else:
+            k = np.int64(np.ceil(y))
+            slope += 1.0 / a
+        while k > 0 and a * (m + k - 1) >= level:
+            k -= 1
+        while k < c and a * (m + k) < level:
+            k += 1
+        out[i] = k
+        total += k
+    return total, slope
+
+
+@njit(cache=True)
+def integer_fill(rates, m_lo, cap, extra, hint=np.nan):
     """Hand out ``extra`` rollouts one at a time to the lowest current level.
 
     Returns the per-prompt increments of the greedy: every pre-level strictly
@@ -55,10 +85,11 @@ def integer_fill(rates, m_lo, cap, extra):
     ties at ``T`` go to the largest rate first (its next level is highest, the
     lexicographically better choice), then to the lowest index.
 
-    ``T`` is bracketed by regula falsi with an Illinois safeguard on the step
-    function ``G(L) = #pre-levels < L``, each evaluation one O(M) pass, until
-    the bracket holds few pre-levels; those are collected and ``T`` selected
-    exactly with a partition.
+    ``T`` is bracketed by Newton steps (safeguarded by bisection) on the step
+    function ``G(L) = #pre-levels < L``, each evaluation one O(M) pass, from
+    ``hint`` (the continuous waterline, when known) or the relaxation's
+    all-active root, until the bracket holds few pre-levels; those are
+    collected and ``T`` selected exactly with a partition.
     """
     n = rates.shape[0]
     inc = np.zeros(n, dtype=np.int64)
@@ -84,34 +115,38 @@ def integer_fill(rates, m_lo, cap, extra):
     g_lo = 0  # nothing lies strictly below the smallest pre-level
     g_hi = total
     target = extra - 0.5
-    f_lo = g_lo - target
-    f_hi = g_hi - target
-    side = 0
     limit = max(_COLLECT_MIN, n >> 4)
     work = np.empty(n, dtype=np.int64)
+    if lo < hint < hi:
+        level = hint
+    else:
+        # Root of the relaxation if every prompt were strictly inside its bounds.
+        inv_sum = 0.0
+        m_sum = 0.0
+        for i in range(n):
+            if cap[i] > 0:
+                inv_sum += 1.0 / rates[i]
+                m_sum += m_lo[i]
+        level = (target + m_sum) / inv_sum
+        if not (lo < level < hi):
+            level = 0.5 * (lo + hi)
     for _ in range(200):
         if g_hi - g_lo <= limit or hi <= np.nextafter(lo, np.inf):
             break
-        guess = lo + (hi - lo) * (-f_lo) / (f_hi - f_lo)
-        if not (lo < guess < hi):
-            guess = 0.5 * (lo + hi)
-            if not (lo < guess < hi):
-                break
-        g = count_below(rates, m_lo, cap, guess, work)
+        g, slope = count_below_slope(rates, m_lo, cap, level, work)
         if g < extra:
-            lo = guess
+            lo = level
             g_lo = g
-            f_lo = g - target
-            if side == -1:
-                f_hi *= 0.5
-            side = -1
         else:
-            hi = guess
+            hi = level
             g_hi = g
-            f_hi = g - target
-            if side == 1:
-                f_lo *= 0.5
-            side = 1
+        # Newton step on the count, safeguarded by the bracket.
+        nxt = level + (target - g) / slope if slope > 0.0 else 0.5 * (lo + hi)
+        if not (lo < nxt < hi):
+            nxt = 0.5 * (lo + hi)
+            if not (lo < nxt < hi):
+                break
+        level = nxt
     # Collect the pre-levels in [lo, hi) and select the one ranked `need`.
     cnt_lo = np.empty(n, dtype=np.int64)
     count_below(rates, m_lo, cap, lo, cnt_lo)

@@ -29,18 +29,22 @@ def continuous_waterline(problem: AllocationProblem) -> tuple[np.ndarray, float]
     return fill_tiers(problem, continuous_fill, continuous=True)
 
 
-def integer_waterline(problem: AllocationProblem) -> np.ndarray:
+def integer_waterline(problem: AllocationProblem, hint: float = float("nan")) -> np.ndarray:
     """The lexicographically max-min optimal integer counts (exact).
 
     Equal to handing out the spare budget one rollout at a time to the prompt
     with the lowest current level among those below their maximum (ties: the
     prompt with the larger rate ``a_i`` first, then the lower index), but
     computed by locating the greedy's final level threshold directly: O(M)
-    per pass, a few passes.
+    per pass, a few passes. ``hint``, the continuous waterline level, is a
+    good starting point for that search (it only affects speed).
     """
     from ._waterline_kernels import integer_fill
 
-    counts, _ = fill_tiers(problem, integer_fill)
+    def fill(rates, m_lo, cap, extra):
+        return integer_fill(rates, m_lo, cap, extra, hint)
+
+    counts, _ = fill_tiers(problem, fill)
     return counts
 
 
@@ -74,8 +78,9 @@ class WaterlineSolver(Solver):
 
     def _solve(self, problem: AllocationProblem, continuous: bool = True) -> Allocation:
         start = time.perf_counter()
-        counts = integer_waterline(problem)
         relaxed, level = continuous_waterline(problem) if continuous else (None, None)
+        # The integer threshold lies just below the relaxation's level.
+        counts = integer_waterline(problem, float("nan") if level is None else level)
         elapsed = time.perf_counter() - start
         return Allocation.from_counts(problem, counts, solver=self.name, wall_time=elapsed,
                                       continuous=relaxed, waterline=level)

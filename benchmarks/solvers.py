@@ -1,0 +1,184 @@
+"""Solver and policy speed against numpy's sort of the same array.
+
+For each prompt count M: success probabilities uniform on (0, 1), budget 8 per
+prompt, bounds 1..64 (THEORY.md's defaults for the target). Every solver and
+every registered policy is timed (median of repeats, after a warm-up call that
+pays any JIT compilation), next to ``np.sort`` of the same array timed in the
+same process: the ratio is the number to read. Slow solvers run only while one
+call stays under ``--max-seconds``.
+
+JIT compilation is measured separately, in fresh processes: the first with an
+empty numba cache (compile and store), the second with that cache (load only).
+
+    sera-opt bench solvers [--quick] [--out DIR] [--seed N]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from sera_opt.benchmarks import _harness
+
+PER_PROMPT = 8
+MIN_ROLLOUTS = 1
+MAX_ROLLOUTS = 64
+SOLVER_SIZES = (256, 4096, 65536, 1_000_000)
+POLICY_SIZES = (1024, 65536, 1_000_000)
+QUICK_SIZES = (256, 4096, 65536)
+
+_COMPILE_SNIPPET = """
+import json, time
+import numpy as np
+t0 = time.perf_counter()
+import sera_opt
+p = np.random.default_rng(0).uniform(0, 1, 1024)
+t1 = time.perf_counter()
+sera_opt.allocate(p, 8 * 1024, max_rollouts=64)
+t2 = time.perf_counter()
+sera_opt.allocate(p, 8 * 1024, max_rollouts=64)
+t3 = time.perf_counter()
+print(json.dumps({"import_s": t1 - t0, "first_call_s": t2 - t1, "second_call_s": t3 - t2}))
+"""
+
+
+def compile_times() -> dict:
+    """First-call cost of the numba kernels: cold cache, then warm cache, in new processes."""
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "NUMBA_CACHE_DIR": cache}
+        runs = {}
+        for label in ("cold_cache", "warm_cache"):
+            out = subprocess.run([sys.executable, "-c", _COMPILE_SNIPPET], env=env,
+                                 capture_output=True, text=True, check=True)
+            runs[label] = json.loads(out.stdout.strip().splitlines()[-1])
+    runs["compile_s"] = runs["cold_cache"]["first_call_s"] - runs["cold_cache"]["second_call_s"]
+    runs["cache_load_s"] = runs["warm_cache"]["first_call_s"] - runs["warm_cache"]["second_call_s"]
+    return runs
+
+
+def instance(m: int, rng: np.random.Generator) -> np.ndarray:
+    # Open interval: p = 0 would pin a prompt at the maximum, which is not the case timed here.
+    return rng.uniform(np.finfo(float).tiny, 1.0, m)
+
+
+def time_allocators(sizes, *, max_seconds: float, repeats: int, rng, show: bool) -> list[dict]:
+    import sera_opt
+
+    rows = []
+    allocators = [("solver", name) for name in sera_opt.available_solvers()]
+    allocators += [("policy", name) for name in sera_opt.available_policies()]
+    too_slow: set[tuple[str, str]] = set()
+    for m in _harness.progress(sizes, desc="sizes", enabled=show):
+        p = instance(m, rng)
+        budget = PER_PROMPT * m
+        sort = _harness.median_time(lambda p=p: np.sort(p), repeats=repeats, min_time=0.05)
+        for kind, name in allocators:
+            if kind == "policy" and m not in POLICY_SIZES and m not in QUICK_SIZES:
+                continue
+            if (kind, name) in too_slow:
+                rows.append({"kind": kind, "name": name, "prompts": m, "skipped": "too slow"})
+                continue
+            if kind == "solver":
+                def call(p=p, budget=budget, name=name):
+                    return sera_opt.allocate(p, budget, min_rollouts=MIN_ROLLOUTS,
+                                             max_rollouts=MAX_ROLLOUTS, solver=name)
+            else:
+                policy = sera_opt.get_policy(name)
+
+                def call(p=p, budget=budget, policy=policy):
+                    return policy.allocate(p, budget, min_rollouts=MIN_ROLLOUTS,
+                                           max_rollouts=MAX_ROLLOUTS)
+            start = time.perf_counter()
+            try:
+                first = call()  # warm-up: pays JIT compilation or cache loading
+            except sera_opt.SeraOptError as exc:  # e.g. a policy whose rule needs other bounds
+                rows.append({"kind": kind, "name": name, "prompts": m, "skipped": str(exc)})
+                too_slow.add((kind, name))
+                continue
+            first_s = time.perf_counter() - start
+            if first_s < max_seconds / 10:  # cheap enough: time a call without the warm-up
+                start = time.perf_counter()
+                call()
+                first_s = time.perf_counter() - start
+            reps = repeats if first_s < 1.0 else max(1, min(repeats, int(max_seconds // first_s)))
+            timing = (_harness.median_time(call, repeats=reps, min_time=0.02, warmup=0)
+                      if first_s < max_seconds else {"median": first_s, "repeats": 1})
+            row = {
+                "kind": kind,
+                "name": name,
+                "prompts": m,
+                "median_s": timing["median"],
+                "repeats": timing["repeats"],
+                "sort_median_s": sort["median"],
+                "ratio_to_sort": timing["median"] / sort["median"],
+                "min_factor": first.min_factor,
+            }
+            rows.append(row)
+            if show:
+                print(f"{kind:6s} {name:10s} M={m:>9,d}  {timing['median'] * 1e3:10.3f} ms  "
+                      f"{row['ratio_to_sort']:8.2f} x sort", file=sys.stderr)
+            if first_s * 10 > max_seconds:  # the next size is at least ~10x larger
+                too_slow.add((kind, name))
+    return rows
+
+
+def plot(rows: list[dict], out_dir):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_t, ax_r) = plt.subplots(1, 2, figsize=(12, 4.5))
+    names = sorted({(r["kind"], r["name"]) for r in rows if "median_s" in r})
+    for kind, name in names:
+        pts = sorted((r["prompts"], r["median_s"], r["ratio_to_sort"]) for r in rows
+                     if r["kind"] == kind and r["name"] == name and "median_s" in r)
+        m, t, ratio = zip(*pts)
+        style = "-o" if kind == "solver" else "--s"
+        ax_t.loglog(m, t, style, label=f"{kind}: {name}")
+        ax_r.loglog(m, ratio, style, label=f"{kind}: {name}")
+    sort_pts = sorted({(r["prompts"], r["sort_median_s"]) for r in rows if "median_s" in r})
+    ax_t.loglog(*zip(*sort_pts), "k:", label="np.sort (baseline)")
+    ax_r.axhline(5, color="gray", lw=0.8, ls=":")
+    ax_t.set(xlabel="prompts M", ylabel="median seconds per call", title="time per allocation")
+    ax_r.set(xlabel="prompts M", ylabel="time / np.sort time", title="ratio to np.sort, same process")
+    ax_t.legend(fontsize=7)
+    return _harness.save_figure(fig, out_dir, "solvers")
+
+
+def main(argv=None) -> int:
+    parser = _harness.common_parser("solvers", __doc__.split("\n\n")[0])
+    parser.add_argument("--max-seconds", type=float, default=60.0,
+                        help="stop timing a solver at larger M once one call takes this long")
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args(argv)
+    rng = np.random.default_rng(args.seed)
+    sizes = QUICK_SIZES if args.quick else tuple(sorted(set(SOLVER_SIZES) | set(POLICY_SIZES)))
+    show = not args.no_progress
+    compile_info = compile_times()
+    if show:
+        print(f"numba compile (cold cache): {compile_info['compile_s']:.2f} s; with the cache: "
+              f"{compile_info['cache_load_s']:.3f} s", file=sys.stderr)
+    rows = time_allocators(sizes, max_seconds=args.max_seconds if not args.quick else 5.0,
+                           repeats=args.repeats if not args.quick else 3, rng=rng, show=show)
+    payload = {
+        "setup": {"per_prompt": PER_PROMPT, "min_rollouts": MIN_ROLLOUTS,
+                  "max_rollouts": MAX_ROLLOUTS, "success_probs": "uniform(0, 1)",
+                  "seed": args.seed, "quick": args.quick},
+        "compile": compile_info,
+        "results": rows,
+    }
+    path = _harness.write_json(args.out, "solvers", payload)
+    png = plot(rows, args.out)
+    print(f"wrote {path} and {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
