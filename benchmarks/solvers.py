@@ -23,7 +23,6 @@ import tempfile
 import time
 
 import numpy as np
-
 from sera_opt.benchmarks import _harness
 
 PER_PROMPT = 8
