@@ -23,6 +23,7 @@ import tempfile
 import time
 
 import numpy as np
+
 from sera_opt.benchmarks import _harness
 
 PER_PROMPT = 8
