@@ -1,0 +1,789 @@
+"""verl integration: the ``sera_maxrl`` advantage estimator and per-prompt rollout counts.
+
+Written against verl 0.9.1. Importing this module (``pip install 'sera_opt[verl]'``)
+
+* registers :func:`compute_sera_maxrl_advantage` with verl's ``register_adv_est``
+  under the name ``"sera_maxrl"`` (idempotent; verl's own estimators are left
+  alone), so that ``algorithm.adv_estimator=sera_maxrl`` selects it in verl's
+  ``compute_advantage``. It computes one outcome per response (the sum of its
+  ``token_level_rewards``), calls :func:`sera_opt.maxrl_advantages` grouped by
+  the batch's ``uid`` column, and broadcasts each response's advantage over its
+  ``response_mask``;
+* gives per-prompt rollout counts two ways: :func:`repeat_by_counts` repeats the
+  rows of a :class:`verl.DataProto` n_i times (``DataProto.sample_level_repeat``,
+  with uid bookkeeping), for loops that repeat prompts before generation; and
+  :func:`assign_rollout_counts` writes the ``__rollout_n__`` column that verl's V1
+  agent loop reads to start n_i sessions for prompt i. The trainer modes
+  ``sera_sync``, ``sera_colocate_async`` and ``sera_separate_async``
+  (:mod:`sera_opt.integrations._verl_trainer`, registered by :func:`register_trainers`)
+  plan the counts with a :class:`sera_opt.RolloutPlanner` at every step, feed the
+  outcomes back to it, log :func:`sera_opt.advantage_diagnostics` and checkpoint it.
+
+**Multiplicity correction and ``loss_agg_mode``.** Every ``loss_agg_mode`` of
+verl 0.9.1's ``agg_loss`` sums the per-token losses over all responses of a
+mini-batch and divides by one batch-wide number (tokens for ``token-mean``,
+sequences for ``seq-mean-token-sum`` and ``seq-mean-token-mean``, sequences
+times the horizon for ``seq-mean-token-sum-norm``, nothing for ``token-sum``).
+Prompt i's rollouts therefore enter n_i times; the correction ``nbar / n_i`` of
+:func:`sera_opt.maxrl_advantages` cancels that for every mode, so the same
+advantages serve them all (:data:`LOSS_AGG_MODES` maps each to its
+:func:`sera_opt.aggregate_loss` equivalent). ``seq-mean-token-mean`` also
+weights each response by 1 / its length; that is a different distortion, which
+the correction does not touch (docs/integrations/verl.md).
+
+Run a training job with per-prompt counts through this module's launcher, which
+takes verl's Hydra overrides::
+
+    python -m sera_opt.integrations.verl algorithm.adv_estimator=sera_maxrl \\
+        trainer.v1.trainer_mode=sera_sync ...
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+import numbers
+import uuid
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import numpy as np
+
+from sera_opt.exceptions import MissingDependencyError, SeraOptError, SeraOptWarning
+
+try:
+    import torch
+    import verl
+    from verl import DataProto
+    from verl.trainer.ppo import core_algos
+except ImportError as _error:  # pragma: no cover - depends on the environment
+    raise MissingDependencyError(
+        "sera_opt.integrations.verl needs verl 0.9.1 and its core dependencies; see "
+        "docs/integrations/verl.md for the install lines (pip install 'sera_opt[verl]')."
+    ) from _error
+
+import sera_opt
+
+__all__ = [
+    "ESTIMATOR_NAME",
+    "LOSS_AGG_MODES",
+    "ROLLOUT_COUNT_KEY",
+    "SUPPORTED_VERL_VERSIONS",
+    "TRAINER_MODES",
+    "EstimatorCall",
+    "SeraMaxRLConfig",
+    "assign_rollout_counts",
+    "build_planner",
+    "check_trainer_config",
+    "collect_estimator_calls",
+    "compute_sera_maxrl_advantage",
+    "main",
+    "plan_rollout_counts",
+    "prompt_codes",
+    "prompt_ids_from_batch",
+    "register_estimator",
+    "register_trainers",
+    "repeat_by_counts",
+]
+
+#: The name under which the estimator is registered (``algorithm.adv_estimator``).
+ESTIMATOR_NAME = "sera_maxrl"
+
+#: The column of a V1 training batch that verl's agent loop pops to decide how many
+#: sessions (rollouts) to start for each prompt (``AgentLoopWorkerTQ._run_prompt``).
+ROLLOUT_COUNT_KEY = "__rollout_n__"
+
+#: verl release series this adapter was written and tested against.
+SUPPORTED_VERL_VERSIONS = ("0.9.",)
+
+#: Trainer modes registered by :func:`register_trainers` -> the verl mode they extend.
+TRAINER_MODES = {
+    "sera_sync": "sync",
+    "sera_colocate_async": "colocate_async",
+    "sera_separate_async": "separate_async",
+}
+
+#: verl's ``actor.loss_agg_mode`` values (``core_algos.agg_loss``) and the
+#: :func:`sera_opt.aggregate_loss` mode each equals, up to a factor that is the same
+#: for every response of a mini-batch. All of them normalise by a batch-wide count,
+#: so the multiplicity correction ``nbar / n_i`` is the right one for each.
+LOSS_AGG_MODES = {
+    "token-mean": "token-mean",
+    "seq-mean-token-sum": "seq-mean-token-sum",
+    "seq-mean-token-sum-norm": "seq-mean-token-sum",
+    "seq-mean-token-mean": "seq-mean-token-mean",
+    "token-sum": "token-sum",
+}
+
+_ESTIMATORS = ("mean_centred", "success_average")
+_OFFSETS = {"mean_centred": 1, "success_average": 0}
+
+
+def _check_verl_version() -> None:
+    version = getattr(verl, "__version__", "unknown")
+    if not version.startswith(SUPPORTED_VERL_VERSIONS):
+        warnings.warn(
+            f"sera_opt.integrations.verl was written for verl {SUPPORTED_VERL_VERSIONS}, found "
+            f"verl {version}; the estimator only needs register_adv_est, but the trainer modes "
+            f"override V1 trainer internals. Pin verl==0.9.1 if anything misbehaves.",
+            SeraOptWarning,
+            stacklevel=3,
+        )
+
+
+# --------------------------------------------------------------------------- options
+
+
+@dataclass(frozen=True)
+class SeraMaxRLConfig:
+    """The ``algorithm.sera_maxrl`` block of a verl config.
+
+    verl's ``algorithm`` config has no such block; add it with Hydra's ``+`` prefix
+    (``+algorithm.sera_maxrl.estimator=mean_centred``). Every key is optional.
+
+    Attributes
+    ----------
+    estimator : {"mean_centred", "success_average"}
+        The MaxRL estimator (offset c = 1 and c = 0 of ``w_c(p, n)``).
+    multiplicity_correction : bool
+        Scale prompt i's advantages by ``nbar / n_i`` (THEORY.md section 4).
+    success_threshold : float or None
+        Count a response as a success when its summed reward is at least this.
+        None: rewards must be exactly 0 or 1.
+    policy : str
+        Allocation policy of the planner (:func:`sera_opt.get_policy` names).
+    min_rollouts, max_rollouts : int or None
+        Bounds on each prompt's count. None: 2 (mean-centred) or 1 (success-average)
+        for the minimum, and 4 x ``actor_rollout_ref.rollout.n`` for the maximum.
+    prompt_key : str
+        The batch column that identifies a prompt across steps (verl's RLHFDataset
+        copies ``extra_info.index`` into ``index``).
+    policy_options, tracker_options : dict
+        Extra keyword arguments for :class:`sera_opt.RolloutPlanner` (passed on to the
+        policy) and :class:`sera_opt.SuccessTracker` (empty: the planner's default).
+    """
+
+    estimator: str = "mean_centred"
+    multiplicity_correction: bool = True
+    success_threshold: float | None = None
+    policy: str = "sera"
+    min_rollouts: int | None = None
+    max_rollouts: int | None = None
+    prompt_key: str = "index"
+    policy_options: Mapping[str, Any] = field(default_factory=dict)
+    tracker_options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.estimator not in _ESTIMATORS:
+            raise SeraOptError(
+                f"algorithm.sera_maxrl.estimator must be one of {_ESTIMATORS}, got "
+                f"{self.estimator!r}."
+            )
+        if not isinstance(self.multiplicity_correction, bool):
+            raise SeraOptError(
+                "algorithm.sera_maxrl.multiplicity_correction must be true or false, got "
+                f"{self.multiplicity_correction!r}."
+            )
+        threshold = self.success_threshold
+        if threshold is not None and (
+            isinstance(threshold, bool)
+            or not isinstance(threshold, numbers.Real)
+            or not math.isfinite(threshold)
+        ):
+            raise SeraOptError(
+                "algorithm.sera_maxrl.success_threshold must be a finite number or null, got "
+                f"{threshold!r}."
+            )
+        for name in ("min_rollouts", "max_rollouts"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1
+            ):
+                raise SeraOptError(
+                    f"algorithm.sera_maxrl.{name} must be a positive integer or null, got {value!r}."
+                )
+        if (
+            self.min_rollouts is not None
+            and self.max_rollouts is not None
+            and self.min_rollouts > self.max_rollouts
+        ):
+            raise SeraOptError(
+                f"algorithm.sera_maxrl.min_rollouts ({self.min_rollouts}) exceeds max_rollouts "
+                f"({self.max_rollouts})."
+            )
+        if not isinstance(self.policy, str) or not isinstance(self.prompt_key, str):
+            raise SeraOptError("algorithm.sera_maxrl.policy and prompt_key must be strings.")
+        for name in ("policy_options", "tracker_options"):
+            if not isinstance(getattr(self, name), Mapping):
+                raise SeraOptError(f"algorithm.sera_maxrl.{name} must be a mapping (a dict).")
+
+    @property
+    def offset(self) -> int:
+        """The offset c of the estimator's attenuation factor."""
+        return _OFFSETS[self.estimator]
+
+    @classmethod
+    def from_mapping(cls, mapping: Mapping[str, Any] | None) -> SeraMaxRLConfig:
+        """Build from a dict or OmegaConf node; unknown keys are an error (typos)."""
+        if mapping is None:
+            return cls()
+        mapping = _plain(mapping)
+        if not isinstance(mapping, Mapping):
+            raise SeraOptError(
+                f"algorithm.sera_maxrl must be a mapping of options, got {type(mapping).__name__}."
+            )
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(mapping) - known)
+        if unknown:
+            raise SeraOptError(
+                f"unknown key(s) {unknown} in algorithm.sera_maxrl; the keys are {sorted(known)}."
+            )
+        return cls(**dict(mapping))
+
+    @classmethod
+    def from_algorithm_config(cls, config: Any) -> SeraMaxRLConfig:
+        """Read ``config.sera_maxrl`` from verl's algorithm config (DictConfig, AlgoConfig or dict)."""
+        if config is None:
+            return cls()
+        getter = getattr(config, "get", None)
+        block = getter("sera_maxrl", None) if callable(getter) else None
+        return cls.from_mapping(block)
+
+
+def _plain(node: Any) -> Any:
+    """An OmegaConf node as plain containers; anything else unchanged."""
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+    except ImportError:  # pragma: no cover - omegaconf ships with verl
+        return node
+    if isinstance(node, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(node, resolve=True)
+    return node
+
+
+def _select(config: Any, dotted: str, default: Any = None) -> Any:
+    node = config
+    for part in dotted.split("."):
+        getter = getattr(node, "get", None)
+        if not callable(getter):
+            return default
+        node = getter(part, None)
+        if node is None:
+            return default
+    return node
+
+
+# --------------------------------------------------------------------------- estimator
+
+
+def prompt_codes(index: Any) -> tuple[np.ndarray, int]:
+    """Dense integer codes for verl's per-response group ids (the ``uid`` column).
+
+    Parameters
+    ----------
+    index : sequence of hashable, length N
+        The group id of every response; usually an object array of uuid strings.
+
+    Returns
+    -------
+    codes : numpy.ndarray of int64, shape (N,)
+        ``codes[k]`` in ``[0, M)``, numbered by first appearance.
+    num_prompts : int
+        M, the number of distinct ids.
+    """
+    values = index.tolist() if isinstance(index, (np.ndarray, torch.Tensor)) else list(index)
+    table: dict[Any, int] = {}
+    try:
+        codes = np.fromiter(
+            (table.setdefault(value, len(table)) for value in values), dtype=np.int64,
+            count=len(values),
+        )
+    except TypeError as exc:
+        raise SeraOptError(
+            f"the prompt ids (verl's uid column) must be hashable values such as strings: {exc}"
+        ) from exc
+    return codes, len(table)
+
+
+@dataclass(frozen=True)
+class EstimatorCall:
+    """What one call of the estimator saw, for :func:`collect_estimator_calls`.
+
+    Attributes
+    ----------
+    uids : numpy.ndarray, shape (N,)
+        The ``uid`` of every response, in batch order.
+    successes : numpy.ndarray of float64, shape (N,)
+        1.0 for a successful response, 0.0 otherwise.
+    diagnostics : dict[str, float]
+        :func:`sera_opt.advantage_diagnostics` of the batch.
+    """
+
+    uids: np.ndarray
+    successes: np.ndarray
+    diagnostics: dict[str, float]
+
+
+_CALL_SINK: contextvars.ContextVar[list[EstimatorCall] | None] = contextvars.ContextVar(
+    "sera_opt_verl_estimator_calls", default=None
+)
+
+
+@contextlib.contextmanager
+def collect_estimator_calls() -> Iterator[list[EstimatorCall]]:
+    """Record every call of the estimator made inside the ``with`` block.
+
+    The trainer modes use it around verl's ``_compute_advantage`` to get the
+    outcomes (for the planner's tracker) and the diagnostics without fetching the
+    batch a second time. Outside such a block the estimator records nothing and
+    reads nothing back to the host beyond what grouping needs.
+    """
+    calls: list[EstimatorCall] = []
+    token = _CALL_SINK.set(calls)
+    try:
+        yield calls
+    finally:
+        _CALL_SINK.reset(token)
+
+
+def compute_sera_maxrl_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Any = None,
+    config: Any = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """MaxRL advantages for verl, registered as ``algorithm.adv_estimator=sera_maxrl``.
+
+    The outcome of response k is ``token_level_rewards[k].sum()`` (verl places an
+    outcome reward on the last response token). Responses are grouped by ``index``
+    (verl passes the batch's ``uid`` column: one id per prompt, shared by its
+    rollouts), and :func:`sera_opt.maxrl_advantages` gives each response its
+    advantage, which is broadcast over the response's tokens.
+
+    Every row counts as one rollout of its group, as in verl's GRPO, including rows
+    whose ``response_mask`` is all zero (their advantage is masked out). verl's
+    padding rows carry their own ``uid`` and zero reward, so they form a group
+    whose advantages are zero; they raise N and M, which rescales every prompt's
+    correction ``nbar / n_i`` by the same factor.
+
+    Parameters
+    ----------
+    token_level_rewards : torch.Tensor, shape (bs, response_length)
+    response_mask : torch.Tensor, shape (bs, response_length)
+    index : array-like, shape (bs,)
+        Group id of every response (verl: ``data.non_tensor_batch["uid"]``).
+    config : AlgoConfig, DictConfig or dict, optional
+        verl's ``algorithm`` config; its ``sera_maxrl`` block
+        (:class:`SeraMaxRLConfig`) selects the estimator, the correction and the
+        success threshold. ``use_kl_in_reward`` must be off: a KL penalty folded
+        into the reward makes outcomes non-binary (use ``actor.use_kl_loss``).
+    **kwargs
+        Other batch fields verl may pass (``reward_baselines``); ignored, with a
+        :class:`sera_opt.SeraOptWarning`.
+
+    Returns
+    -------
+    advantages, returns : torch.Tensor, shape (bs, response_length)
+        The same tensor twice (outcome estimators have no value target), like
+        verl's GRPO.
+    """
+    options = SeraMaxRLConfig.from_algorithm_config(config)
+    if config is not None and _select(config, "use_kl_in_reward", False):
+        raise SeraOptError(
+            "algorithm.use_kl_in_reward=True folds a KL penalty into token_level_rewards, so the "
+            "outcomes are no longer 0/1 successes; set algorithm.use_kl_in_reward=False and use "
+            "actor_rollout_ref.actor.use_kl_loss=True for the KL term instead."
+        )
+    ignored = sorted(key for key, value in kwargs.items() if value is not None)
+    if ignored:
+        warnings.warn(
+            f"the {ESTIMATOR_NAME} estimator ignores {ignored}.", SeraOptWarning, stacklevel=2
+        )
+    if not isinstance(token_level_rewards, torch.Tensor) or token_level_rewards.ndim != 2:
+        raise SeraOptError(
+            "token_level_rewards must be a tensor of shape (responses, response_length)."
+        )
+    if not isinstance(response_mask, torch.Tensor) or response_mask.shape != token_level_rewards.shape:
+        raise SeraOptError(
+            f"response_mask must be a tensor of the shape of token_level_rewards, "
+            f"{tuple(token_level_rewards.shape)}."
+        )
+    if index is None:
+        raise SeraOptError(
+            f"the {ESTIMATOR_NAME} estimator groups responses by prompt and needs verl's 'uid' "
+            "column (data.non_tensor_batch['uid']); give every prompt one uid shared by its "
+            "rollouts (repeat_by_counts does)."
+        )
+    codes, num_prompts = prompt_codes(index)
+    if codes.shape[0] != token_level_rewards.shape[0]:
+        raise SeraOptError(
+            f"index has {codes.shape[0]} entries for {token_level_rewards.shape[0]} responses."
+        )
+    device = token_level_rewards.device
+    with torch.no_grad():
+        outcomes = token_level_rewards.sum(dim=-1)
+        prompt_index = torch.from_numpy(codes).to(device)
+        try:
+            scalars = sera_opt.maxrl_advantages(
+                outcomes,
+                prompt_index,
+                estimator=options.estimator,
+                multiplicity_correction=options.multiplicity_correction,
+                success_threshold=options.success_threshold,
+                num_prompts=max(num_prompts, 1),
+            )
+        except SeraOptError as exc:
+            raise SeraOptError(
+                f"{exc} (verl: the outcome of a response is the sum of its token_level_rewards; for "
+                "graded rewards set +algorithm.sera_maxrl.success_threshold=<value>.)"
+            ) from exc
+        advantages = scalars.unsqueeze(-1) * response_mask
+        sink = _CALL_SINK.get()
+        if sink is not None:
+            sink.append(_record_call(index, outcomes, prompt_index, num_prompts, options))
+    return advantages, advantages
+
+
+def _record_call(index, outcomes, prompt_index, num_prompts, options) -> EstimatorCall:
+    if options.success_threshold is None:
+        successes = outcomes == 1
+    else:
+        successes = outcomes >= options.success_threshold
+    diagnostics = sera_opt.advantage_diagnostics(
+        outcomes,
+        prompt_index,
+        estimator=options.estimator,
+        multiplicity_correction=options.multiplicity_correction,
+        success_threshold=options.success_threshold,
+        num_prompts=max(num_prompts, 1),
+    )
+    return EstimatorCall(
+        uids=np.asarray(index, dtype=object).copy(),
+        successes=successes.to(torch.float64).cpu().numpy(),
+        diagnostics=diagnostics,
+    )
+
+
+def _same_function(a: Any, b: Any) -> bool:
+    """The same estimator, possibly from a reloaded or ``python -m``-run copy of this file."""
+    code_a, code_b = getattr(a, "__code__", None), getattr(b, "__code__", None)
+    return (
+        code_a is not None
+        and code_b is not None
+        and getattr(a, "__qualname__", None) == getattr(b, "__qualname__", None)
+        and code_a.co_filename == code_b.co_filename
+    )
+
+
+def register_estimator(name: str = ESTIMATOR_NAME):
+    """Register :func:`compute_sera_maxrl_advantage` with verl's ``register_adv_est``.
+
+    Idempotent: registering again (also from a reloaded copy of this module) is a
+    no-op. A name that verl uses for one of its own estimators, or that another
+    function already holds, is refused, so verl's estimators keep working.
+
+    Returns
+    -------
+    callable
+        The registered function, as ``core_algos.get_adv_estimator_fn(name)`` returns it.
+    """
+    if not isinstance(name, str) or not name:
+        raise SeraOptError(f"the estimator name must be a non-empty string, got {name!r}.")
+    builtin = {member.value for member in core_algos.AdvantageEstimator}
+    if name in builtin:
+        raise SeraOptError(
+            f"{name!r} is one of verl's own advantage estimators {sorted(builtin)}; register "
+            f"sera_maxrl under another name."
+        )
+    registry = core_algos.ADV_ESTIMATOR_REGISTRY
+    existing = registry.get(name)
+    if existing is compute_sera_maxrl_advantage:
+        return existing
+    if existing is not None:
+        if not _same_function(existing, compute_sera_maxrl_advantage):
+            raise SeraOptError(
+                f"verl already has an advantage estimator named {name!r} ({existing!r}); "
+                f"register sera_maxrl under another name."
+            )
+        # A reloaded copy of this module: point the name at the live function.
+        registry[name] = compute_sera_maxrl_advantage
+        return compute_sera_maxrl_advantage
+    return core_algos.register_adv_est(name)(compute_sera_maxrl_advantage)
+
+
+# --------------------------------------------------------------------------- rollout counts
+
+
+def _check_counts(counts: Any, num_rows: int, *, minimum: int) -> np.ndarray:
+    counts = getattr(counts, "counts", counts)  # an Allocation
+    if isinstance(counts, torch.Tensor):
+        counts = counts.detach().cpu().numpy()
+    array = np.asarray(counts)
+    if array.ndim != 1 or array.shape[0] != num_rows:
+        raise SeraOptError(
+            f"counts must have one entry per prompt row ({num_rows}), got shape {array.shape}."
+        )
+    if array.dtype == bool or not (
+        np.issubdtype(array.dtype, np.integer)
+        or (np.issubdtype(array.dtype, np.floating) and np.all(np.isfinite(array))
+            and np.all(array == np.round(array)))
+    ):
+        raise SeraOptError(f"counts must be whole numbers of rollouts, got {counts!r}.")
+    array = array.astype(np.int64)
+    if num_rows and array.min() < minimum:
+        raise SeraOptError(
+            f"every count must be at least {minimum}; got a minimum of {int(array.min())}."
+        )
+    if num_rows and array.sum() == 0:
+        raise SeraOptError("the counts sum to 0: no rollouts would be generated.")
+    return array
+
+
+def repeat_by_counts(batch: DataProto, counts: Any, *, uid_key: str = "uid") -> DataProto:
+    """Repeat row i of a prompt batch ``counts[i]`` times, keeping one uid per prompt.
+
+    The variable-count replacement of verl's ``batch.repeat(rollout.n, interleave=True)``,
+    built on ``DataProto.sample_level_repeat``: the rollouts of a prompt are
+    contiguous and share the prompt's ``uid``, which is how verl's
+    ``compute_advantage`` groups them.
+
+    Parameters
+    ----------
+    batch : verl.DataProto
+        One row per prompt (before generation).
+    counts : array-like of int, or Allocation
+        n_i for each row, at least 0 (a prompt with 0 rollouts is dropped).
+    uid_key : str, default "uid"
+        The non-tensor column holding the group id. Missing: a fresh uuid4 string is
+        given to every prompt. Present: the ids must be distinct across rows, or two
+        prompts would be pooled into one group.
+
+    Returns
+    -------
+    verl.DataProto
+        ``sum(counts)`` rows; tensors, non-tensor columns and ``meta_info`` are those
+        of the prompt rows. The input batch is not modified.
+    """
+    if not isinstance(batch, DataProto):
+        raise SeraOptError(f"batch must be a verl.DataProto, got {type(batch).__name__}.")
+    counts = _check_counts(counts, len(batch), minimum=0)
+    non_tensor = dict(batch.non_tensor_batch)
+    if uid_key in non_tensor:
+        uids = np.asarray(non_tensor[uid_key], dtype=object)
+        _, distinct = prompt_codes(uids)
+        if distinct != len(uids):
+            raise SeraOptError(
+                f"the {uid_key!r} column repeats ids across prompt rows ({len(uids)} rows, "
+                f"{distinct} distinct ids); give every prompt its own uid before repeating, or "
+                f"drop the column to have fresh ones assigned."
+            )
+    else:
+        non_tensor[uid_key] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+    source = DataProto(batch=batch.batch, non_tensor_batch=non_tensor, meta_info=batch.meta_info)
+    return source.sample_level_repeat(counts)
+
+
+def assign_rollout_counts(batch: Any, counts: Any) -> Any:
+    """Write per-prompt rollout counts into a V1 training batch (``__rollout_n__``).
+
+    verl 0.9.1's V1 agent loop (``AgentLoopWorkerTQ._run_prompt``) pops this column
+    from each prompt and starts that many sessions instead of ``rollout.n``.
+
+    Parameters
+    ----------
+    batch : tensordict.TensorDict
+        One row per prompt, as the V1 trainer's ``_next_train_batch`` returns it.
+    counts : array-like of int, or Allocation
+        n_i >= 1 for each row.
+
+    Returns
+    -------
+    TensorDict
+        The same batch, with the column set (a stack of Python ints).
+    """
+    from verl.utils import tensordict_utils as tu
+
+    counts = _check_counts(counts, len(batch), minimum=1)
+    tu.assign_non_tensor_stack(batch, ROLLOUT_COUNT_KEY, [int(c) for c in counts])
+    return batch
+
+
+def prompt_ids_from_batch(batch: Any, prompt_key: str = "index") -> list:
+    """The stable prompt id of every row of a V1 prompt batch (for the planner's tracker).
+
+    Raises
+    ------
+    SeraOptError
+        If the column is missing, or all rows of a multi-prompt batch share one id
+        (verl's RLHFDataset sets ``index`` to 0 when a row has no ``extra_info.index``,
+        which would pool every prompt's history).
+    """
+    from verl.utils import tensordict_utils as tu
+
+    if prompt_key not in batch.keys():
+        raise SeraOptError(
+            f"the training batch has no {prompt_key!r} column to identify prompts across steps; "
+            f"give every dataset row a unique extra_info.index (verl copies it into 'index') or "
+            f"set +algorithm.sera_maxrl.prompt_key to a column that identifies the prompt."
+        )
+    values = tu.get(batch, prompt_key)
+    if isinstance(values, torch.Tensor):
+        values = values.tolist()
+    elif not isinstance(values, list):  # one value stored for the whole batch
+        values = [values] * len(batch)
+    ids = [value.item() if isinstance(value, np.generic) else value for value in values]
+    if len(ids) > 1 and len(set(map(repr, ids))) == 1:
+        raise SeraOptError(
+            f"every prompt of the batch has the same {prompt_key!r} ({ids[0]!r}); verl's "
+            f"RLHFDataset uses 0 when a row lacks extra_info.index. Give every dataset row a "
+            f"unique extra_info.index, or set +algorithm.sera_maxrl.prompt_key."
+        )
+    return ids
+
+
+def build_planner(options: SeraMaxRLConfig, mean_count: int):
+    """The :class:`sera_opt.RolloutPlanner` that the trainer modes use.
+
+    Parameters
+    ----------
+    options : SeraMaxRLConfig
+    mean_count : int
+        ``actor_rollout_ref.rollout.n``: the budget of a batch of M prompts is
+        ``M * mean_count``, so a step costs what verl's uniform allocation costs.
+    """
+    min_rollouts, max_rollouts = _bounds(options, mean_count)
+    tracker = None
+    if options.tracker_options:
+        tracker = sera_opt.SuccessTracker(**dict(options.tracker_options))
+    return sera_opt.RolloutPlanner(
+        policy=options.policy,
+        tracker=tracker,
+        min_rollouts=min_rollouts,
+        max_rollouts=max_rollouts,
+        offset=options.offset,
+        **dict(options.policy_options),
+    )
+
+
+def _bounds(options: SeraMaxRLConfig, mean_count: int) -> tuple[int, int]:
+    min_rollouts = options.min_rollouts
+    if min_rollouts is None:
+        min_rollouts = 1 + options.offset
+    max_rollouts = options.max_rollouts
+    if max_rollouts is None:
+        max_rollouts = max(4 * mean_count, min_rollouts)
+    if not min_rollouts <= mean_count <= max_rollouts:
+        raise SeraOptError(
+            f"actor_rollout_ref.rollout.n={mean_count} is the mean count per prompt and must lie "
+            f"within [min_rollouts, max_rollouts] = [{min_rollouts}, {max_rollouts}] "
+            f"(algorithm.sera_maxrl), or no allocation meets the budget."
+        )
+    return min_rollouts, max_rollouts
+
+
+def plan_rollout_counts(planner: Any, prompt_ids: Sequence[Any], mean_count: int) -> np.ndarray:
+    """Ask the planner for the counts of one batch, with budget ``len(prompt_ids) * mean_count``.
+
+    Returns
+    -------
+    numpy.ndarray of int64
+        One count per prompt, summing to the budget.
+    """
+    if isinstance(mean_count, bool) or not isinstance(mean_count, numbers.Integral) or mean_count < 1:
+        raise SeraOptError(f"mean_count must be a positive integer, got {mean_count!r}.")
+    budget = len(prompt_ids) * int(mean_count)
+    allocation = planner.plan(list(prompt_ids), budget)
+    counts = _check_counts(allocation, len(prompt_ids), minimum=1)
+    if int(counts.sum()) != budget:
+        raise SeraOptError(
+            f"the planner returned counts summing to {int(counts.sum())}, not the budget {budget}."
+        )
+    return counts
+
+
+def check_trainer_config(config: Any) -> SeraMaxRLConfig:
+    """Check a full verl trainer config for the ``sera_*`` trainer modes.
+
+    Returns
+    -------
+    SeraMaxRLConfig
+        The validated ``algorithm.sera_maxrl`` block.
+
+    Raises
+    ------
+    SeraOptError
+        The estimator is not ``sera_maxrl``, the actor's ``loss_agg_mode`` is not one
+        whose normalisation the multiplicity correction is matched to
+        (:data:`LOSS_AGG_MODES`), the KL penalty is folded into the reward, or
+        ``rollout.n`` lies outside the count bounds.
+    """
+    estimator = _select(config, "algorithm.adv_estimator")
+    if estimator != ESTIMATOR_NAME:
+        raise SeraOptError(
+            f"the sera trainer modes plan counts for the {ESTIMATOR_NAME} estimator; set "
+            f"algorithm.adv_estimator={ESTIMATOR_NAME} (got {estimator!r})."
+        )
+    options = SeraMaxRLConfig.from_algorithm_config(_select(config, "algorithm"))
+    mode = _select(config, "actor_rollout_ref.actor.loss_agg_mode", "token-mean")
+    if mode not in LOSS_AGG_MODES:
+        raise SeraOptError(
+            f"actor_rollout_ref.actor.loss_agg_mode={mode!r} is not one of {sorted(LOSS_AGG_MODES)}, "
+            f"whose batch-wide normalisation the multiplicity correction is matched to."
+        )
+    if _select(config, "algorithm.use_kl_in_reward", False):
+        raise SeraOptError(
+            "algorithm.use_kl_in_reward=True makes outcomes non-binary; use "
+            "actor_rollout_ref.actor.use_kl_loss=True instead."
+        )
+    mean_count = _select(config, "actor_rollout_ref.rollout.n")
+    if isinstance(mean_count, bool) or not isinstance(mean_count, numbers.Integral) or mean_count < 1:
+        raise SeraOptError(
+            f"actor_rollout_ref.rollout.n must be a positive integer (the mean count), got "
+            f"{mean_count!r}."
+        )
+    _bounds(options, int(mean_count))
+    return options
+
+
+# --------------------------------------------------------------------------- trainer modes
+
+
+def register_trainers() -> dict[str, type]:
+    """Register the ``sera_*`` V1 trainer modes (needs verl's V1 trainer and TransferQueue).
+
+    Idempotent. Not done at import, because importing verl's trainer pulls in the
+    agent loop and TransferQueue, which worker processes do not need; the launcher
+    (:func:`main`) calls it inside verl's task runner.
+
+    Returns
+    -------
+    dict
+        Mode name -> trainer class.
+    """
+    from sera_opt.integrations import _verl_trainer
+
+    return _verl_trainer.register()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Launch verl's PPO trainer with the ``sera_*`` trainer modes available.
+
+    ``python -m sera_opt.integrations.verl <hydra overrides>`` takes the same
+    overrides as ``python -m verl.trainer.main_ppo`` and runs the same job, with a
+    task runner that registers this module's estimator and trainer modes in the
+    process that builds the trainer.
+    """
+    from sera_opt.integrations import _verl_trainer
+
+    _verl_trainer.launch(argv)
+
+
+_check_verl_version()
+register_estimator()
+
+if __name__ == "__main__":  # pragma: no cover - a GPU job
+    main()

@@ -1,0 +1,743 @@
+"""Tests of the verl 0.9.1 integration (sera_opt.integrations.verl), on CPU.
+
+The estimator is driven through verl's own ``compute_advantage`` and compared with
+:func:`sera_opt.maxrl_advantages`, with a loop over prompts written from
+THEORY.md, and with verl's GRPO and RLOO estimators where the formulas coincide.
+The loss side uses verl's ``agg_loss``: with the multiplicity correction every
+prompt's weight in the gradient is independent of its rollout count, for every
+``loss_agg_mode``. Per-prompt counts are checked through ``DataProto`` repeats and
+through verl's real V1 agent-loop code, which reads ``__rollout_n__``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import types
+import uuid
+from collections import Counter, defaultdict
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import sera_opt
+from sera_opt.exceptions import SeraOptError, SeraOptWarning
+from tests.markers import has_module, requires_verl
+
+pytestmark = [pytest.mark.verl, requires_verl]
+
+COMBINATIONS = [(e, c) for e in ("mean_centred", "success_average") for c in (True, False)]
+
+
+# ----------------------------------------------------------------------------
+# Fixtures: verl is imported only when it is installed (the module is skipped otherwise).
+# ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sv():
+    return importlib.import_module("sera_opt.integrations.verl")
+
+
+@pytest.fixture(scope="module")
+def core_algos(sv):
+    from verl.trainer.ppo import core_algos
+
+    return core_algos
+
+
+@pytest.fixture(scope="module")
+def compute_advantage(sv):
+    from verl.trainer.ppo.ray_trainer import compute_advantage
+
+    return compute_advantage
+
+
+def algorithm_config(adv_estimator="sera_maxrl", **sera_options):
+    from omegaconf import OmegaConf
+
+    config = {"adv_estimator": adv_estimator, "use_kl_in_reward": False,
+              "norm_adv_by_std_in_grpo": True}
+    if sera_options:
+        config["sera_maxrl"] = sera_options
+    return OmegaConf.create(config)
+
+
+def make_batch(counts, outcomes, *, seed=0, width=7, shuffle=True, reward_scale=1.0):
+    """A post-generation DataProto: prompt i has counts[i] responses, outcome at the last token.
+
+    Returns the batch and the integer prompt of every row (in the batch's order).
+    """
+    from verl import DataProto
+
+    rng = np.random.default_rng(seed)
+    counts = np.asarray(counts)
+    prompt = np.repeat(np.arange(len(counts)), counts)
+    outcomes = np.asarray(outcomes, dtype=np.float32)
+    order = rng.permutation(len(prompt)) if shuffle else np.arange(len(prompt))
+    prompt, outcomes = prompt[order], outcomes[order]
+    lengths = rng.integers(1, width + 1, size=len(prompt))
+    mask = (np.arange(width)[None, :] < lengths[:, None]).astype(np.int64)
+    rewards = np.zeros((len(prompt), width), dtype=np.float32)
+    rewards[np.arange(len(prompt)), lengths - 1] = outcomes * reward_scale
+    uids = np.array([f"uid-{i:04d}" for i in range(len(counts))], dtype=object)[prompt]
+    batch = DataProto.from_dict(
+        tensors={"token_level_rewards": torch.from_numpy(rewards),
+                 "response_mask": torch.from_numpy(mask)},
+        non_tensors={"uid": uids},
+    )
+    return batch, torch.from_numpy(prompt), torch.from_numpy(outcomes)
+
+
+def loop_reference(outcomes, prompt, estimator, correction):
+    """THEORY.md sections 2 and 4, one prompt at a time (float64)."""
+    outcomes = [float(r) for r in outcomes]
+    prompt = [int(i) for i in prompt]
+    groups = defaultdict(list)
+    for row, i in enumerate(prompt):
+        groups[i].append(row)
+    nbar = len(outcomes) / len(groups)
+    out = np.zeros(len(outcomes))
+    for rows in groups.values():
+        n, k = len(rows), sum(outcomes[r] for r in rows)
+        if k == 0:
+            continue
+        rbar = k / n
+        scale = nbar / n if correction else 1.0
+        for r in rows:
+            base = (outcomes[r] - rbar) / rbar if estimator == "mean_centred" else outcomes[r] / rbar
+            out[r] = scale * base
+    return out
+
+
+def group_means(values, prompt):
+    sums = torch.zeros(int(prompt.max()) + 1, dtype=torch.float64).index_add_(0, prompt, values.double())
+    counts = torch.bincount(prompt).double()
+    return (sums / counts)[prompt], counts[prompt]
+
+
+# ----------------------------------------------------------------------------
+# Registration
+# ----------------------------------------------------------------------------
+
+
+def test_registered_on_import(sv, core_algos):
+    assert core_algos.get_adv_estimator_fn("sera_maxrl") is sv.compute_sera_maxrl_advantage
+    assert core_algos.get_adv_estimator_fn(sv.ESTIMATOR_NAME) is sv.compute_sera_maxrl_advantage
+
+
+def test_registration_is_idempotent_and_leaves_verl_estimators_alone(sv, core_algos):
+    before = dict(core_algos.ADV_ESTIMATOR_REGISTRY)
+    assert sv.register_estimator() is sv.compute_sera_maxrl_advantage
+    assert sv.register_estimator("sera_maxrl") is sv.compute_sera_maxrl_advantage
+    assert core_algos.ADV_ESTIMATOR_REGISTRY == before
+    builtin = {member.value for member in core_algos.AdvantageEstimator}
+    for name in builtin & set(before):
+        assert core_algos.ADV_ESTIMATOR_REGISTRY[name].__module__ == core_algos.__name__, name
+
+
+def test_builtin_names_and_taken_names_are_refused(sv, core_algos):
+    grpo = core_algos.ADV_ESTIMATOR_REGISTRY["grpo"]
+    with pytest.raises(SeraOptError, match="verl's own"):
+        sv.register_estimator("grpo")
+    assert core_algos.ADV_ESTIMATOR_REGISTRY["grpo"] is grpo
+
+    def someone_elses(token_level_rewards, response_mask, index=None, config=None):
+        raise AssertionError("never called")
+
+    core_algos.register_adv_est("sera_test_taken")(someone_elses)
+    try:
+        with pytest.raises(SeraOptError, match="already has"):
+            sv.register_estimator("sera_test_taken")
+        assert core_algos.ADV_ESTIMATOR_REGISTRY["sera_test_taken"] is someone_elses
+    finally:
+        core_algos.ADV_ESTIMATOR_REGISTRY.pop("sera_test_taken")
+    with pytest.raises(SeraOptError, match="non-empty string"):
+        sv.register_estimator("")
+
+
+def test_stale_copy_of_this_module_is_replaced(sv, core_algos):
+    # What `python -m sera_opt.integrations.verl` or importlib.reload leave behind: the
+    # same code in another function object.
+    live = sv.compute_sera_maxrl_advantage
+    stale = types.FunctionType(live.__code__, live.__globals__, live.__name__)
+    core_algos.ADV_ESTIMATOR_REGISTRY["sera_maxrl"] = stale
+    try:
+        assert sv.register_estimator() is live
+    finally:
+        core_algos.ADV_ESTIMATOR_REGISTRY["sera_maxrl"] = live
+    assert core_algos.get_adv_estimator_fn("sera_maxrl") is live
+
+
+# ----------------------------------------------------------------------------
+# The estimator through verl's compute_advantage
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("estimator", "correction"), COMBINATIONS)
+def test_compute_advantage_equals_sera_opt(sv, compute_advantage, estimator, correction):
+    counts = [1, 2, 3, 5, 8, 4, 4, 6]
+    rng = np.random.default_rng(11)
+    outcomes = (rng.random(sum(counts)) < 0.45).astype(np.float32)
+    outcomes[:1] = 1  # a singleton with a success
+    batch, prompt, rewards = make_batch(counts, outcomes, seed=3)
+    config = algorithm_config(estimator=estimator, multiplicity_correction=correction)
+    out = compute_advantage(batch, adv_estimator="sera_maxrl", config=config)
+    expected = sera_opt.maxrl_advantages(rewards, prompt, estimator=estimator,
+                                         multiplicity_correction=correction)
+    mask = batch.batch["response_mask"]
+    torch.testing.assert_close(out.batch["advantages"], expected[:, None] * mask, rtol=0, atol=0)
+    torch.testing.assert_close(out.batch["returns"], out.batch["advantages"], rtol=0, atol=0)
+    reference = loop_reference(rewards, prompt, estimator, correction)
+    np.testing.assert_allclose(out.batch["advantages"].double().sum(-1) / mask.sum(-1),
+                               reference, rtol=1e-6, atol=1e-6)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    counts=st.lists(st.integers(1, 7), min_size=1, max_size=9),
+    seed=st.integers(0, 2**16),
+    combination=st.sampled_from(COMBINATIONS),
+)
+def test_compute_advantage_matches_loop_reference(sv, compute_advantage, counts, seed, combination):
+    estimator, correction = combination
+    rng = np.random.default_rng(seed)
+    outcomes = (rng.random(sum(counts)) < rng.random()).astype(np.float32)
+    batch, prompt, rewards = make_batch(counts, outcomes, seed=seed)
+    config = algorithm_config(estimator=estimator, multiplicity_correction=correction)
+    out = compute_advantage(batch, adv_estimator="sera_maxrl", config=config)
+    advantages = out.batch["advantages"]
+    mask = batch.batch["response_mask"]
+    assert torch.all(advantages[mask == 0] == 0), "advantages leak outside the response mask"
+    per_row = advantages.double().sum(-1) / mask.sum(-1)
+    np.testing.assert_allclose(per_row, loop_reference(rewards, prompt, estimator, correction),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_default_options_with_verl_algo_config(sv, compute_advantage):
+    # verl's own dataclass config has no sera_maxrl block: the defaults apply.
+    from verl.trainer.config import AlgoConfig
+
+    batch, prompt, rewards = make_batch([2, 3, 4], [1, 0, 1, 1, 0, 0, 0, 0, 1])
+    out = compute_advantage(batch, adv_estimator="sera_maxrl", config=AlgoConfig(adv_estimator="sera_maxrl"))
+    expected = sera_opt.maxrl_advantages(rewards, prompt)  # mean-centred, corrected
+    torch.testing.assert_close(out.batch["advantages"],
+                               expected[:, None] * batch.batch["response_mask"], rtol=0, atol=0)
+
+
+def test_uniform_counts_coincide_with_grpo_and_rloo(sv, compute_advantage):
+    """Uniform n: MaxRL = Dr.GRPO / rbar = RLOO (n - 1) / (n rbar); the correction is 1."""
+    n, num_prompts = 6, 10
+    rng = np.random.default_rng(5)
+    outcomes = (rng.random(n * num_prompts) < rng.random(n * num_prompts).repeat(1)).astype(np.float32)
+    outcomes[:n] = 0  # a prompt without success
+    outcomes[n:2 * n] = 1  # and one without failure
+    batch, prompt, rewards = make_batch([n] * num_prompts, outcomes, seed=8)
+    mask = batch.batch["response_mask"]
+
+    def advantages(name, **kwargs):
+        out = compute_advantage(batch.slice(0, len(batch)), adv_estimator=name, config=algorithm_config(name),
+                                **kwargs)
+        return out.batch["advantages"].double().sum(-1) / mask.sum(-1)
+
+    sera = advantages("sera_maxrl")
+    rbar, _ = group_means(rewards, prompt)
+    dr_grpo = advantages("grpo", norm_adv_by_std_in_grpo=False)
+    expected = torch.where(rbar > 0, dr_grpo / rbar.clamp_min(1e-12), torch.zeros_like(rbar))
+    torch.testing.assert_close(sera, expected, rtol=1e-6, atol=1e-6)
+    # GRPO proper divides by the group's (unbiased) standard deviation plus 1e-6.
+    std = (rbar * (1 - rbar) * n / (n - 1)).sqrt()
+    for name in ("grpo", "grpo_vectorized"):
+        grpo = advantages(name)
+        expected = torch.where(rbar > 0, grpo * (std + 1e-6) / rbar.clamp_min(1e-12), torch.zeros_like(rbar))
+        torch.testing.assert_close(sera, expected, rtol=1e-5, atol=1e-5)
+    rloo = advantages("rloo")
+    expected = torch.where(rbar > 0, rloo * (n - 1) / (n * rbar.clamp_min(1e-12)), torch.zeros_like(rbar))
+    torch.testing.assert_close(sera, expected, rtol=1e-6, atol=1e-6)
+    assert torch.count_nonzero(sera) > 0
+
+
+def test_heterogeneous_counts_are_grpo_times_the_correction(sv, compute_advantage):
+    counts = [2, 3, 5, 8, 12, 2]
+    rng = np.random.default_rng(9)
+    outcomes = (rng.random(sum(counts)) < 0.5).astype(np.float32)
+    batch, prompt, rewards = make_batch(counts, outcomes, seed=2)
+    mask = batch.batch["response_mask"]
+    sera = compute_advantage(batch.slice(0, len(batch)), adv_estimator="sera_maxrl",
+                             config=algorithm_config()).batch["advantages"]
+    grpo = compute_advantage(batch.slice(0, len(batch)), adv_estimator="grpo", config=algorithm_config("grpo"),
+                             norm_adv_by_std_in_grpo=False).batch["advantages"]
+    rbar, n = group_means(rewards, prompt)
+    nbar = len(rewards) / len(counts)
+    scale = torch.where(rbar > 0, nbar / (n * rbar.clamp_min(1e-12)), torch.zeros_like(rbar))
+    torch.testing.assert_close(sera.double(), grpo.double() * scale[:, None] * mask, rtol=1e-6, atol=1e-6)
+
+
+def test_graded_rewards_need_a_threshold(sv, compute_advantage):
+    counts = [3, 4]
+    outcomes = [1, 0, 1, 0, 0, 1, 1]
+    batch, prompt, rewards = make_batch(counts, outcomes, reward_scale=2.5)  # scores 0 or 2.5
+    with pytest.raises(SeraOptError, match="success_threshold"):
+        compute_advantage(batch.slice(0, len(batch)), adv_estimator="sera_maxrl",
+                          config=algorithm_config())
+    out = compute_advantage(batch.slice(0, len(batch)), adv_estimator="sera_maxrl",
+                            config=algorithm_config(success_threshold=1.0))
+    expected = sera_opt.maxrl_advantages(rewards, prompt)
+    torch.testing.assert_close(out.batch["advantages"],
+                               expected[:, None] * batch.batch["response_mask"], rtol=0, atol=0)
+
+
+def test_estimator_rejects_what_it_cannot_honour(sv):
+    from omegaconf import OmegaConf
+
+    rewards = torch.zeros(3, 4)
+    rewards[:, -1] = torch.tensor([1.0, 0.0, 1.0])
+    mask = torch.ones(3, 4, dtype=torch.int64)
+    uid = np.array(["a", "a", "b"], dtype=object)
+    fn = sv.compute_sera_maxrl_advantage
+    kl = OmegaConf.create({"use_kl_in_reward": True})
+    with pytest.raises(SeraOptError, match="use_kl_loss"):
+        fn(token_level_rewards=rewards, response_mask=mask, index=uid, config=kl)
+    with pytest.raises(SeraOptError, match="uid"):
+        fn(token_level_rewards=rewards, response_mask=mask, index=None)
+    with pytest.raises(SeraOptError, match="3 responses"):
+        fn(token_level_rewards=rewards, response_mask=mask, index=uid[:2])
+    with pytest.raises(SeraOptError, match="shape of token_level_rewards"):
+        fn(token_level_rewards=rewards, response_mask=mask[:, :2], index=uid)
+    with pytest.raises(SeraOptError, match="unknown key"):
+        fn(token_level_rewards=rewards, response_mask=mask, index=uid,
+           config=algorithm_config(estimatr="mean_centred"))
+    with pytest.raises(SeraOptError, match="estimator must be one of"):
+        fn(token_level_rewards=rewards, response_mask=mask, index=uid,
+           config=algorithm_config(estimator="grpo"))
+    with pytest.warns(SeraOptWarning, match="reward_baselines"):
+        fn(token_level_rewards=rewards, response_mask=mask, index=uid,
+           reward_baselines=torch.zeros(3))
+    with pytest.raises(SeraOptError, match="hashable"):
+        fn(token_level_rewards=rewards, response_mask=mask, index=[["a"], ["a"], ["b"]])
+
+
+def test_fully_masked_rows_still_count_like_grpo(sv, compute_advantage):
+    # verl's padding rows: own uid, zero reward, empty response mask.
+    batch, prompt, rewards = make_batch([2, 4], [1, 0, 1, 1, 0, 0], shuffle=False)
+    from verl import DataProto
+
+    pad = DataProto.from_dict(
+        tensors={"token_level_rewards": torch.zeros(2, 7), "response_mask": torch.zeros(2, 7, dtype=torch.int64)},
+        non_tensors={"uid": np.array(["pad0", "pad0"], dtype=object)},
+    )
+    padded = DataProto.concat([batch, pad])
+    out = compute_advantage(padded, adv_estimator="sera_maxrl", config=algorithm_config())
+    advantages = out.batch["advantages"]
+    assert torch.all(advantages[-2:] == 0)
+    # The padding group raises N and M: nbar goes from 6/2 to 8/3, the same factor for every prompt.
+    unpadded = sera_opt.maxrl_advantages(rewards, prompt)
+    ratio = (advantages[:-2].double().sum(-1) / batch.batch["response_mask"].sum(-1)) / unpadded.double()
+    torch.testing.assert_close(ratio[unpadded != 0], torch.full_like(ratio[unpadded != 0], (8 / 3) / 3))
+
+
+def test_collect_estimator_calls(sv, compute_advantage):
+    batch, prompt, rewards = make_batch([2, 5], [1, 0, 1, 1, 0, 0, 1], seed=4)
+    compute_advantage(batch.slice(0, len(batch)), adv_estimator="sera_maxrl", config=algorithm_config())
+    with sv.collect_estimator_calls() as calls:
+        compute_advantage(batch.slice(0, len(batch)), adv_estimator="sera_maxrl", config=algorithm_config())
+    assert len(calls) == 1
+    call = calls[0]
+    assert list(call.uids) == list(batch.non_tensor_batch["uid"])
+    np.testing.assert_array_equal(call.successes, rewards.numpy())
+    assert call.diagnostics == sera_opt.advantage_diagnostics(rewards, prompt)
+    assert call.diagnostics["min_count"] == 2 and call.diagnostics["max_count"] == 5
+    with sv.collect_estimator_calls() as outer:
+        with sv.collect_estimator_calls() as inner:
+            compute_advantage(batch.slice(0, len(batch)), adv_estimator="sera_maxrl",
+                              config=algorithm_config())
+        assert len(inner) == 1 and outer == []
+
+
+# ----------------------------------------------------------------------------
+# Loss aggregation: verl's agg_loss and the multiplicity correction
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm",
+                                  "seq-mean-token-mean", "token-sum"])
+def test_agg_loss_modes_equal_sera_opt_aggregate_loss(sv, core_algos, mode):
+    generator = torch.Generator().manual_seed(1)
+    loss = torch.randn(9, 6, generator=generator, dtype=torch.float64)
+    mask = (torch.rand(9, 6, generator=generator) < 0.7).to(torch.int64)
+    mask[0] = 0  # a fully masked sequence: excluded from the sequence count by both
+    mask[1, 0] = 1
+    verl_loss = core_algos.agg_loss(loss, mask, mode)
+    ours = sera_opt.aggregate_loss(loss, mask, sv.LOSS_AGG_MODES[mode])
+    factor = 1 / mask.shape[-1] if mode == "seq-mean-token-sum-norm" else 1.0
+    torch.testing.assert_close(verl_loss, ours * factor)
+
+
+def prompt_gradients(core_algos, mode, counts, lengths, advantages_fn):
+    """Gradient of verl's agg_loss w.r.t. each prompt's own parameter vector.
+
+    Prompt i's rollouts alternate success / failure (success rate 1/2 for every
+    prompt); its sequences have length lengths[i], and every sequence's token
+    scores add up to the same total whatever its length and prompt. So the
+    per-prompt estimate g_i is the same vector for every prompt, and any
+    difference between the prompts' gradients comes from the aggregation.
+    """
+    dim = 3
+    success_feature = torch.tensor([1.0, 0.5, -0.25], dtype=torch.float64)
+    failure_feature = torch.tensor([-0.5, 1.0, 0.75], dtype=torch.float64)
+    width = max(lengths)
+    thetas = torch.zeros(len(counts), dim, dtype=torch.float64, requires_grad=True)
+    rows, prompt, outcomes, mask = [], [], [], []
+    for i, (n, length) in enumerate(zip(counts, lengths, strict=True)):
+        for j in range(n):
+            success = j % 2 == 0
+            feature = success_feature if success else failure_feature
+            token = torch.zeros(width, dtype=torch.float64)
+            token[:length] = 1.0 / length
+            rows.append((i, feature, token))
+            prompt.append(i)
+            outcomes.append(float(success))
+            mask.append((torch.arange(width) < length).to(torch.int64))
+    prompt = torch.tensor(prompt)
+    outcomes = torch.tensor(outcomes, dtype=torch.float64)
+    mask = torch.stack(mask)
+    token_logp = torch.stack([(thetas[i] @ feature) * token for i, feature, token in rows])
+    advantages = advantages_fn(outcomes, prompt).double()
+    per_token_loss = -advantages[:, None] * token_logp
+    loss = core_algos.agg_loss(per_token_loss, mask, mode)
+    (grad,) = torch.autograd.grad(loss, thetas)
+    return grad
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm",
+                                  "seq-mean-token-mean", "token-sum"])
+def test_corrected_loss_gives_each_prompt_a_count_independent_weight(sv, core_algos, mode):
+    counts = [2, 4, 8, 6, 10]
+    lengths = [5] * len(counts)
+
+    def corrected(outcomes, prompt):
+        return sera_opt.maxrl_advantages(outcomes, prompt, multiplicity_correction=True)
+
+    def uncorrected(outcomes, prompt):
+        return sera_opt.maxrl_advantages(outcomes, prompt, multiplicity_correction=False)
+
+    grad = prompt_gradients(core_algos, mode, counts, lengths, corrected)
+    assert grad.abs().max() > 0
+    torch.testing.assert_close(grad, grad[:1].expand_as(grad), rtol=1e-10, atol=1e-12)
+    # Without the correction prompt i weighs n_i: the distortion the correction removes.
+    grad = prompt_gradients(core_algos, mode, counts, lengths, uncorrected)
+    weights = grad.norm(dim=1) / grad[0].norm()
+    torch.testing.assert_close(weights, torch.tensor(counts, dtype=torch.float64) / counts[0])
+
+
+def test_seq_mean_token_mean_weights_prompts_by_inverse_length(sv, core_algos):
+    """The documented distortion that the multiplicity correction does not touch."""
+    counts = [2, 4, 8, 6]
+    lengths = [2, 3, 5, 8]
+
+    def corrected(outcomes, prompt):
+        return sera_opt.maxrl_advantages(outcomes, prompt)
+
+    for mode in ("token-mean", "seq-mean-token-sum", "token-sum"):
+        grad = prompt_gradients(core_algos, mode, counts, lengths, corrected)
+        torch.testing.assert_close(grad, grad[:1].expand_as(grad), rtol=1e-10, atol=1e-12)
+    grad = prompt_gradients(core_algos, "seq-mean-token-mean", counts, lengths, corrected)
+    weights = grad.norm(dim=1) / grad[0].norm()
+    torch.testing.assert_close(weights, lengths[0] / torch.tensor(lengths, dtype=torch.float64))
+
+
+# ----------------------------------------------------------------------------
+# Per-prompt counts: DataProto repeats
+# ----------------------------------------------------------------------------
+
+
+def prompt_batch(num_prompts=4, with_uid=False):
+    from verl import DataProto
+
+    non_tensors = {"raw_prompt": np.array([f"prompt {i}" for i in range(num_prompts)], dtype=object)}
+    if with_uid:
+        non_tensors["uid"] = np.array([f"u{i}" for i in range(num_prompts)], dtype=object)
+    return DataProto.from_dict(
+        tensors={"input_ids": torch.arange(num_prompts * 5).reshape(num_prompts, 5)},
+        non_tensors=non_tensors,
+        meta_info={"temperature": 0.7},
+    )
+
+
+def test_repeat_by_counts_lays_out_rollouts_per_prompt(sv):
+    batch = prompt_batch()
+    counts = [3, 1, 0, 2]
+    out = sv.repeat_by_counts(batch, counts)
+    assert len(out) == 6
+    assert "uid" not in batch.non_tensor_batch  # the input is left alone
+    expected_rows = np.repeat(np.arange(4), counts)
+    torch.testing.assert_close(out.batch["input_ids"], batch.batch["input_ids"][expected_rows])
+    assert list(out.non_tensor_batch["raw_prompt"]) == [f"prompt {i}" for i in expected_rows]
+    assert out.meta_info == {"temperature": 0.7}
+    uids = out.non_tensor_batch["uid"]
+    sizes = Counter(uids.tolist())
+    assert sorted(sizes.values()) == [1, 2, 3]
+    for row, prompt in enumerate(expected_rows):  # one uid per prompt, uuid4 strings
+        assert uids[row] == uids[np.flatnonzero(expected_rows == prompt)[0]]
+        uuid.UUID(uids[row])
+    assert len(set(uids.tolist())) == 3
+
+
+def test_repeat_by_counts_keeps_existing_uids_and_accepts_allocations(sv):
+    batch = prompt_batch(with_uid=True)
+    allocation = sera_opt.allocate([0.2, 0.5, 0.7, 0.9], budget=12, min_rollouts=2)
+    out = sv.repeat_by_counts(batch, allocation)
+    assert Counter(out.non_tensor_batch["uid"].tolist()) == {
+        f"u{i}": int(c) for i, c in enumerate(allocation.counts)}
+    out = sv.repeat_by_counts(batch, torch.tensor([1, 2, 3, 4]))
+    assert out.non_tensor_batch["uid"].tolist() == ["u0", "u1", "u1", "u2", "u2", "u2"] + ["u3"] * 4
+
+
+def test_repeat_by_counts_then_compute_advantage(sv, compute_advantage):
+    batch = prompt_batch(num_prompts=5)
+    counts = np.array([2, 6, 3, 1, 4])
+    repeated = sv.repeat_by_counts(batch, counts)
+    rng = np.random.default_rng(0)
+    outcomes = torch.from_numpy((rng.random(len(repeated)) < 0.5).astype(np.float32))
+    rewards = torch.zeros(len(repeated), 4)
+    rewards[:, -1] = outcomes
+    repeated.batch["token_level_rewards"] = rewards
+    repeated.batch["response_mask"] = torch.ones(len(repeated), 4, dtype=torch.int64)
+    with sv.collect_estimator_calls() as calls:
+        out = compute_advantage(repeated, adv_estimator="sera_maxrl", config=algorithm_config())
+    prompt = torch.from_numpy(np.repeat(np.arange(5), counts))
+    expected = sera_opt.maxrl_advantages(outcomes, prompt)
+    torch.testing.assert_close(out.batch["advantages"][:, 0], expected, rtol=0, atol=0)
+    stats = sera_opt.group_statistics(outcomes, prompt)
+    assert calls[0].diagnostics["min_count"] == stats.counts.min() == 1
+    assert calls[0].diagnostics["max_count"] == stats.counts.max() == 6
+
+
+@pytest.mark.parametrize(("counts", "match"), [
+    ([1, 2, 3], "one entry per prompt row"),
+    ([1, -1, 2, 2], "at least 0"),
+    ([1.5, 1, 2, 2], "whole numbers"),
+    ([True, True, False, True], "whole numbers"),
+    ([0, 0, 0, 0], "sum to 0"),
+    ([[1, 2], [3, 4]], "one entry per prompt row"),
+])
+def test_repeat_by_counts_rejects_bad_counts(sv, counts, match):
+    with pytest.raises(SeraOptError, match=match):
+        sv.repeat_by_counts(prompt_batch(), counts)
+
+
+def test_repeat_by_counts_rejects_shared_uids(sv):
+    batch = prompt_batch(with_uid=True)
+    batch.non_tensor_batch["uid"][2] = "u1"
+    with pytest.raises(SeraOptError, match="repeats ids"):
+        sv.repeat_by_counts(batch, [1, 1, 1, 1])
+    with pytest.raises(SeraOptError, match="DataProto"):
+        sv.repeat_by_counts({"input_ids": torch.zeros(2)}, [1, 1])
+
+
+# ----------------------------------------------------------------------------
+# Per-prompt counts: the V1 trainer's __rollout_n__, through verl's agent loop code
+# ----------------------------------------------------------------------------
+
+needs_v1 = pytest.mark.skipif(not has_module("transfer_queue"),
+                              reason="verl's V1 trainer needs TransferQueue (docs/integrations/verl.md)")
+
+
+def v1_prompt_batch(num_prompts, index=None):
+    """A V1 training batch as verl's _fetch_one_gen_batch builds it from a collated dict."""
+    from verl.utils import tensordict_utils as tu
+
+    batch_dict = collated_prompts(num_prompts, index)
+    batch_dict["uid"] = np.array([str(uuid.uuid4()) for _ in range(num_prompts)], dtype=object)
+    batch = tu.get_tensordict(batch_dict)
+    tu.assign_non_tensor_data(batch, "global_steps", 1)
+    return batch
+
+
+def collated_prompts(num_prompts, index=None):
+    from verl.utils.dataset.rl_dataset import collate_fn
+
+    index = list(range(100, 100 + num_prompts)) if index is None else index
+    return collate_fn([
+        {"input_ids": torch.arange(4) + i, "raw_prompt": [{"role": "user", "content": f"q{i}"}],
+         "index": index[i], "data_source": "unit"}
+        for i in range(num_prompts)
+    ])
+
+
+def run_v1_agent_loop(batch, monkeypatch, default_n=8):
+    """Run verl's AgentLoopWorkerTQ.generate_sequences/_run_prompt with generation stubbed out.
+
+    Returns the number of sessions started per uid and the final status per uid.
+    """
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.v1 import agent_loop_tq
+
+    worker_cls = agent_loop_tq.AgentLoopWorkerTQ.__ray_actor_class__
+    statuses = {}
+
+    async def kv_put(key, partition_id, tag):
+        statuses[key] = tag["status"]
+
+    monkeypatch.setattr(agent_loop_tq, "tq", types.SimpleNamespace(async_kv_put=kv_put))
+    sessions = Counter()
+
+    async def run_agent_loop(sampling_params, trajectory, trace, session_id, **prompt):
+        assert "__rollout_n__" not in prompt
+        sessions[prompt["uid"]] += 1
+
+    rollout = OmegaConf.create({
+        "temperature": 1.0, "top_p": 1.0, "top_k": -1, "calculate_log_probs": False, "n": default_n,
+        "val_kwargs": {"n": 1, "top_p": 1.0, "top_k": -1, "temperature": 0.0},
+        "agent": {"default_agent_loop": "single_turn_agent"},
+    })
+    worker = types.SimpleNamespace(config=OmegaConf.create({"actor_rollout_ref": {"rollout": rollout}}),
+                                   background_tasks=set(), _run_agent_loop=run_agent_loop)
+    worker._run_prompt = types.MethodType(worker_cls._run_prompt, worker)
+
+    async def drive():
+        await worker_cls.generate_sequences(worker, batch)
+        await asyncio.gather(*list(worker.background_tasks))
+
+    asyncio.run(drive())
+    return sessions, statuses
+
+
+@needs_v1
+@pytest.mark.parametrize("counts", [[3, 1, 7, 2, 5], [4, 4, 4, 4, 4]])
+def test_rollout_counts_reach_verl_agent_loop(sv, monkeypatch, counts):
+    batch = v1_prompt_batch(len(counts))
+    sv.assign_rollout_counts(batch, counts)
+    from verl.utils import tensordict_utils as tu
+
+    uids = tu.get(batch, "uid")
+    sessions, statuses = run_v1_agent_loop(batch, monkeypatch, default_n=8)
+    assert [sessions[uid] for uid in uids] == counts
+    assert all(statuses[uid] == "finished" for uid in uids)
+
+
+@needs_v1
+def test_without_counts_verl_uses_rollout_n(sv, monkeypatch):
+    batch = v1_prompt_batch(3)
+    sessions, _ = run_v1_agent_loop(batch, monkeypatch, default_n=5)
+    assert sorted(sessions.values()) == [5, 5, 5]  # the control for the test above
+
+
+def test_assign_rollout_counts_rejects_bad_counts(sv):
+    batch = v1_prompt_batch(3)
+    with pytest.raises(SeraOptError, match="at least 1"):
+        sv.assign_rollout_counts(batch, [2, 0, 1])
+    with pytest.raises(SeraOptError, match="one entry per prompt row"):
+        sv.assign_rollout_counts(batch, [2, 1])
+
+
+def test_prompt_ids_from_batch(sv):
+    assert sv.prompt_ids_from_batch(v1_prompt_batch(3)) == [100, 101, 102]
+    with pytest.raises(SeraOptError, match="extra_info.index"):
+        sv.prompt_ids_from_batch(v1_prompt_batch(3, index=[0, 0, 0]))
+    with pytest.raises(SeraOptError, match="no 'question_id' column"):
+        sv.prompt_ids_from_batch(v1_prompt_batch(3), "question_id")
+    assert sv.prompt_ids_from_batch(v1_prompt_batch(1, index=[0])) == [0]
+    strings = v1_prompt_batch(2, index=["a", "b"])
+    assert sv.prompt_ids_from_batch(strings) == ["a", "b"]
+
+
+# ----------------------------------------------------------------------------
+# Options and the trainer config check
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("options", "match"), [
+    ({"estimator": "rloo"}, "estimator must be one of"),
+    ({"multiplicity_correction": "yes"}, "true or false"),
+    ({"success_threshold": float("nan")}, "finite number"),
+    ({"success_threshold": True}, "finite number"),
+    ({"min_rollouts": 0}, "positive integer"),
+    ({"max_rollouts": 2.5}, "positive integer"),
+    ({"min_rollouts": 5, "max_rollouts": 3}, "exceeds"),
+    ({"policy_options": 3}, "mapping"),
+    ({"estimatr": "mean_centred"}, "unknown key"),
+])
+def test_options_are_validated(sv, options, match):
+    with pytest.raises(SeraOptError, match=match):
+        sv.SeraMaxRLConfig.from_mapping(options)
+
+
+def test_options_defaults_and_offsets(sv):
+    options = sv.SeraMaxRLConfig.from_algorithm_config(algorithm_config())
+    assert options == sv.SeraMaxRLConfig() and options.offset == 1
+    assert sv.SeraMaxRLConfig(estimator="success_average").offset == 0
+    assert sv.SeraMaxRLConfig.from_algorithm_config(None) == sv.SeraMaxRLConfig()
+    assert sv.SeraMaxRLConfig.from_algorithm_config({"sera_maxrl": {"min_rollouts": 3}}).min_rollouts == 3
+
+
+@pytest.fixture(scope="module")
+def composed():
+    if not has_module("hydra"):
+        pytest.skip("needs hydra-core (a verl dependency)")
+    from omegaconf import OmegaConf
+
+    from sera_opt.integrations import _verl_trainer
+
+    base = ["algorithm.adv_estimator=sera_maxrl", "trainer.v1.trainer_mode=sera_sync",
+            "actor_rollout_ref.rollout.n=4", "data.train_batch_size=6"]
+    config = _verl_trainer.compose_config(base)
+
+    def variant(**dotted):
+        copy = OmegaConf.create(OmegaConf.to_container(config))
+        for key, value in dotted.items():
+            OmegaConf.update(copy, key.replace("__", "."), value, force_add=True)
+        return copy
+
+    return config, variant
+
+
+@needs_v1
+def test_check_trainer_config(sv, composed):
+    config, variant = composed
+    assert sv.check_trainer_config(config) == sv.SeraMaxRLConfig()
+    options = sv.check_trainer_config(variant(algorithm__sera_maxrl={"estimator": "success_average",
+                                                                      "max_rollouts": 9}))
+    assert options.estimator == "success_average" and options.max_rollouts == 9
+    cases = [
+        ({"algorithm__adv_estimator": "grpo"}, "adv_estimator=sera_maxrl"),
+        ({"actor_rollout_ref__actor__loss_agg_mode": "my-mode"}, "loss_agg_mode"),
+        ({"algorithm__use_kl_in_reward": True}, "use_kl_loss"),
+        ({"actor_rollout_ref__rollout__n": 1}, "within"),  # mean-centred needs >= 2
+        ({"algorithm__sera_maxrl": {"max_rollouts": 3}}, "within"),
+        ({"algorithm__sera_maxrl": {"estimatr": 1}}, "unknown key"),
+    ]
+    for dotted, match in cases:
+        with pytest.raises(SeraOptError, match=match):
+            sv.check_trainer_config(variant(**dotted))
+
+
+@needs_v1
+def test_compose_config_checks_sera_modes(sv):
+    from sera_opt.integrations import _verl_trainer
+
+    with pytest.raises(SeraOptError, match="use_v1"):
+        _verl_trainer.compose_config(["algorithm.adv_estimator=sera_maxrl", "trainer.use_v1=false",
+                                      "trainer.v1.trainer_mode=sera_sync"])
+    with pytest.raises(SeraOptError, match="adv_estimator=sera_maxrl"):
+        _verl_trainer.compose_config(["trainer.v1.trainer_mode=sera_sync"])
+    # verl's own modes are composed untouched.
+    assert _verl_trainer.compose_config(["algorithm.adv_estimator=grpo"]).trainer.v1.trainer_mode == "sync"
+
+
+@needs_v1
+def test_trainer_modes_register_idempotently(sv):
+    from verl.trainer.ppo.v1 import get_trainer_cls
+    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+    classes = sv.register_trainers()
+    assert set(classes) == set(sv.TRAINER_MODES)
+    assert sv.register_trainers() == classes
+    for mode, base in sv.TRAINER_MODES.items():
+        cls = get_trainer_cls(mode)
+        assert cls is classes[mode]
+        assert issubclass(cls, get_trainer_cls(base))
+    assert get_trainer_cls("sync") is PPOTrainerSync
