@@ -1,0 +1,587 @@
+"""The multiplicity-corrected MaxRL gradient estimator (PyTorch).
+
+THEORY.md sections 2 and 4. Prompt ``i`` of a batch of ``M`` prompts gets
+``n_i`` rollouts with binary outcomes ``r_ij``, ``K_i`` of them successes
+(``N = sum_i n_i`` rollouts in all, ``nbar = N / M``). This module turns the
+outcomes into one advantage ``A_ij`` per rollout such that, with
+``S_ij = grad log pi(y_ij | x_i)`` the score of a rollout,
+
+    E[(1/N) sum_ij A_ij S_ij] = (1/M) sum_i w_c(p_i, n_i) grad log p_i      (corrected)
+    E[(1/N) sum_ij A_ij S_ij] = (1/N) sum_i n_i w_c(p_i, n_i) grad log p_i  (uncorrected)
+
+with the attenuation factor ``w_c(p, n) = 1 - (1 - p) ** (n - c)`` of
+:func:`sera_opt.attenuation`. In code: ``(advantages * seq_logprob).mean()``
+is an estimate of the right-hand side (its gradient is), and
+:func:`aggregate_loss` turns per-token losses into the scalar a trainer
+minimises. Everything is vectorised (one scatter and one gather over the
+rollouts), works for any floating dtype on any device, and reads nothing back
+to the host when ``num_prompts`` is given and ``validate=False``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from ._estimator_groups import _as_tensor, _world, group
+from .exceptions import SeraOptError, SeraOptWarning
+
+__all__ = [
+    "ESTIMATORS",
+    "ESTIMATOR_OFFSETS",
+    "LOSS_MODES",
+    "GroupStatistics",
+    "group_statistics",
+    "maxrl_advantages",
+    "aggregate_loss",
+    "policy_gradient_loss",
+    "advantage_diagnostics",
+]
+
+#: The MaxRL estimators, by name.
+ESTIMATORS = ("mean_centred", "success_average")
+
+#: The offset ``c`` of each estimator's attenuation factor ``w_c(p, n)``; pass it
+#: as ``offset=`` when allocating rollouts for that estimator.
+ESTIMATOR_OFFSETS = {"mean_centred": 1, "success_average": 0}
+
+#: How :func:`aggregate_loss` reduces a (sequences, tokens) loss to a scalar.
+LOSS_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "token-sum")
+
+
+def _check_estimator(estimator) -> int:
+    if estimator not in ESTIMATOR_OFFSETS:
+        raise SeraOptError(
+            f"unknown estimator {estimator!r}; use one of {ESTIMATORS} ('mean_centred' is "
+            f"the official MaxRL form, offset c = 1; 'success_average' has c = 0)."
+        )
+    return ESTIMATOR_OFFSETS[estimator]
+
+
+def _check_flag(value, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise SeraOptError(f"{name} must be True or False, got {value!r}.")
+    return value
+
+
+@dataclass(frozen=True)
+class GroupStatistics:
+    """Per-prompt rollout counts and successes of a batch (global under data parallelism).
+
+    The table has one *slot* per prompt id; slots of ids that have no rollouts
+    (possible when ``num_prompts`` is given or the ids have gaps) have
+    ``counts == 0`` and are not prompts of the batch.
+
+    Attributes
+    ----------
+    prompt_ids : torch.Tensor of int64, shape (S,)
+        The prompt id of each slot, increasing.
+    counts : torch.Tensor of int64, shape (S,)
+        ``n_i``, the number of rollouts of each slot's prompt.
+    successes : torch.Tensor of int64, shape (S,)
+        ``K_i``, the number of successful rollouts.
+    slot_index : torch.Tensor of int64, shape (N,)
+        The slot of each (local) rollout: ``prompt_ids[slot_index] == prompt_index``.
+    num_prompts : torch.Tensor of int64, shape ()
+        ``M``, the number of slots with at least one rollout.
+    num_rollouts : torch.Tensor of int64, shape ()
+        ``N``, the total number of rollouts (over all ranks).
+    """
+
+    prompt_ids: torch.Tensor
+    counts: torch.Tensor
+    successes: torch.Tensor
+    slot_index: torch.Tensor
+    num_prompts: torch.Tensor
+    num_rollouts: torch.Tensor
+
+    @property
+    def mean_count(self) -> torch.Tensor:
+        """``nbar = N / M`` as a float64 tensor (0 for an empty batch)."""
+        return self.num_rollouts.double() / self.num_prompts.clamp_min(1).double()
+
+
+_COMMON_PARAMETERS = """
+    rewards : torch.Tensor, shape (N,)
+        The outcome of every rollout: bool, or numbers that are exactly 0 or 1.
+        Other values are an error unless ``success_threshold`` is given.
+    prompt_index : torch.Tensor of integers, shape (N,)
+        The prompt each rollout belongs to, on the same device as ``rewards``. Any
+        integer ids in any order: groups need not be contiguous, sizes may differ,
+        singletons are allowed. Under data parallelism the ids must name the same
+        prompt on every rank.
+    success_threshold : float, optional
+        Count ``rewards >= success_threshold`` as successes (for graded rewards).
+        Without it, rewards must be binary. Ignored, with a warning, for bool rewards.
+    num_prompts : int, optional
+        If given, the ids must be dense: ``0 <= prompt_index < num_prompts``. This
+        skips the host read of the id range; with ``validate=False`` the call then
+        never synchronises with the device. Ids in that range without rollouts are
+        not counted in ``M``. If None, ids are arbitrary integers: a range of at
+        most about ``4 N`` values is tabulated directly, wider ones are compressed
+        with :func:`torch.unique`.
+    process_group : torch.distributed.ProcessGroup, optional
+        Data parallelism: each rank passes its shard of the rollouts, and the
+        per-prompt counts and successes (hence ``n_i``, ``K_i``, ``N``, ``M``) are
+        all-reduced over this group, so that each rank's result equals the
+        single-process result on the concatenated batch. Pass
+        ``torch.distributed.group.WORLD`` for all processes. None: this process only.
+    validate : bool, default True
+        Check that rewards are binary (or finite, with a threshold) and ids are in
+        range, at the cost of one host read-back. With False, invalid inputs give
+        undefined results (without a threshold, any nonzero reward counts as a success).
+"""
+
+
+def _doc(func):
+    func.__doc__ = func.__doc__.replace("    {common}\n", _COMMON_PARAMETERS.lstrip("\n"))
+    return func
+
+
+@_doc
+def group_statistics(rewards, prompt_index, *, success_threshold=None, num_prompts=None,
+                     process_group=None, validate: bool = True) -> GroupStatistics:
+    """Per-prompt rollout counts ``n_i`` and successes ``K_i`` of a batch.
+
+    Parameters
+    ----------
+    {common}
+
+    Returns
+    -------
+    GroupStatistics
+    """
+    validate = _check_flag(validate, "validate")
+    groups = group(rewards, prompt_index, success_threshold=success_threshold,
+                   num_prompts=num_prompts, process_group=process_group, validate=validate)
+    counts = groups.failures + groups.successes
+    return GroupStatistics(
+        prompt_ids=groups.prompt_ids(),
+        counts=counts,
+        successes=groups.successes.clone(),
+        slot_index=(groups.codes >> 1).long(),
+        num_prompts=torch.count_nonzero(counts),
+        num_rollouts=counts.sum(),
+    )
+
+
+def _slot_values(groups, offset: int, multiplicity_correction: bool):
+    """Per slot, the advantage of a failed and of a successful rollout, shape (S, 2).
+
+    Entries that no rollout reads (the success value of a prompt without
+    successes, both values of a slot without rollouts) may be inf or NaN.
+    """
+    # Per-slot arithmetic is O(M), so it is done in float64 (where the device has
+    # it) and rounded once to the result dtype: every dtype gets the correctly
+    # rounded value of the float64 result.
+    compute = torch.float32 if groups.device.type == "mps" else torch.float64
+    pair = groups.table.view(-1, 2)
+    failures = pair[:, 0].to(compute)
+    successes = pair[:, 1].to(compute)
+    counts = failures + successes
+    signal = successes > 0
+    values = torch.empty(pair.shape, dtype=groups.dtype, device=groups.device)
+    # Prompt i's coefficients are (nbar / n_i) A_ij with the correction, A_ij without.
+    # Written with the failure count n - K, all-success prompts give exactly 0
+    # under mean-centring without relying on a cancellation.
+    if multiplicity_correction:
+        mean_count = counts.sum() / torch.count_nonzero(counts).clamp_min(1)  # nbar = N / M
+        if offset == 1:
+            # (nbar / n) (r - K/n) / (K/n): success nbar (n - K) / (K n), failure -nbar / n.
+            values[:, 1] = failures * mean_count / (successes * counts)
+            values[:, 0] = torch.rsub(signal * mean_count, 0) / counts
+        else:
+            # (nbar / n) r / (K/n) = nbar r / K.
+            values[:, 1] = mean_count / successes
+            values[:, 0] = 0
+    else:
+        if offset == 1:
+            # (r - K/n) / (K/n): success (n - K) / K, failure -1.
+            values[:, 1] = failures / successes
+            values[:, 0] = torch.rsub(signal.to(compute), 0)
+        else:
+            # r / (K/n) = n r / K.
+            values[:, 1] = counts / successes
+            values[:, 0] = 0
+    return values
+
+
+@_doc
+def maxrl_advantages(rewards, prompt_index, *, estimator: str = "mean_centred",
+                     multiplicity_correction: bool = True, success_threshold=None,
+                     num_prompts=None, process_group=None, validate: bool = True,
+                     dtype=None) -> torch.Tensor:
+    """One MaxRL advantage per rollout, optionally multiplicity-corrected.
+
+    With ``K_i`` successes among the ``n_i`` rollouts of prompt ``i``,
+    ``rbar_i = K_i / n_i``, ``N`` rollouts and ``M`` prompts in the batch and
+    ``nbar = N / M``:
+
+    * ``"mean_centred"`` (offset c = 1): ``A_ij = (r_ij - rbar_i) / rbar_i``;
+    * ``"success_average"`` (offset c = 0): ``A_ij = r_ij / rbar_i``;
+    * ``multiplicity_correction=True`` multiplies prompt ``i``'s advantages by
+      ``nbar / n_i``;
+    * prompts with ``K_i = 0`` get exactly 0 (and so do all-success prompts and
+      singletons under mean-centring, whose ``A_ij`` are 0 by the formula).
+
+    **Contract.** Let ``S_ij = grad log pi(y_ij | x_i)`` and ``p_i`` the prompt's
+    success probability, and let the counts ``n_i`` be fixed before sampling.
+    Then the gradient of ``(advantages * seq_logprob).mean()`` (a mean over all
+    ``N`` rollouts; ``seq_logprob`` the sequence log-probabilities) has expectation
+
+    * ``(1/M) sum_i w_c(p_i, n_i) grad log p_i`` with the correction, and
+    * ``(1/N) sum_i n_i w_c(p_i, n_i) grad log p_i`` without it,
+
+    where ``w_c(p, n) = 1 - (1 - p) ** (n - c)`` is :func:`sera_opt.attenuation`.
+    With the correction a prompt's weight does not depend on how many rollouts
+    it received. Equivalently, ``sum_j A_ij S_ij = (n_i or nbar) * g_i`` with
+    ``g_i`` the per-prompt estimator of THEORY.md section 2. The loss to
+    minimise is the negative; :func:`policy_gradient_loss` builds it per token.
+
+    Parameters
+    ----------
+    {common}
+    estimator : {"mean_centred", "success_average"}
+        Which MaxRL estimator (see :data:`ESTIMATOR_OFFSETS` for its offset ``c``).
+    multiplicity_correction : bool, default True
+        Scale prompt ``i``'s advantages by ``nbar / n_i`` (THEORY.md section 4).
+    dtype : torch.dtype, optional
+        Floating dtype of the result. Default: that of ``rewards`` if floating,
+        else :func:`torch.get_default_dtype`.
+
+    Returns
+    -------
+    torch.Tensor, shape (N,)
+        The advantages, on the device of the inputs, without autograd history.
+        Every rollout of a prompt with the same outcome gets a bit-identical value.
+
+    Raises
+    ------
+    SeraOptError
+        Bad shapes or dtypes, non-binary rewards without ``success_threshold``,
+        ids out of range with ``num_prompts``, an unknown estimator.
+    """
+    offset = _check_estimator(estimator)
+    multiplicity_correction = _check_flag(multiplicity_correction, "multiplicity_correction")
+    validate = _check_flag(validate, "validate")
+    groups = group(rewards, prompt_index, success_threshold=success_threshold,
+                   num_prompts=num_prompts, process_group=process_group, validate=validate,
+                   dtype=dtype)
+    values = _slot_values(groups, offset, multiplicity_correction)
+    return values.view(-1).index_select(0, groups.codes)
+
+
+def _check_loss_inputs(per_token_loss, mask, mode):
+    if mode not in LOSS_MODES:
+        raise SeraOptError(f"unknown loss mode {mode!r}; use one of {LOSS_MODES}.")
+    if not isinstance(per_token_loss, torch.Tensor):
+        raise SeraOptError(
+            f"per_token_loss must be a torch.Tensor of shape (sequences, tokens), got "
+            f"{type(per_token_loss).__name__}."
+        )
+    if per_token_loss.ndim != 2 or not per_token_loss.is_floating_point():
+        raise SeraOptError(
+            f"per_token_loss must be a floating tensor of shape (sequences, tokens), got "
+            f"shape {tuple(per_token_loss.shape)} and dtype {per_token_loss.dtype}; for one "
+            f"loss per sequence use shape (N, 1)."
+        )
+    if mask is None:
+        return torch.ones((), dtype=per_token_loss.dtype, device=per_token_loss.device).expand_as(
+            per_token_loss)
+    mask = _as_tensor(mask, "mask", device=per_token_loss.device)
+    if mask.shape != per_token_loss.shape:
+        raise SeraOptError(
+            f"mask must have the shape of per_token_loss, {tuple(per_token_loss.shape)}, got "
+            f"{tuple(mask.shape)}."
+        )
+    if mask.device != per_token_loss.device:
+        raise SeraOptError(
+            f"mask is on {mask.device} but per_token_loss is on {per_token_loss.device}."
+        )
+    if mask.is_complex():
+        raise SeraOptError("mask must be bool or real 0/1 values, got a complex tensor.")
+    return mask.to(per_token_loss.dtype)
+
+
+def aggregate_loss(per_token_loss, mask=None, mode: str = "token-mean", *,
+                   process_group=None) -> torch.Tensor:
+    """Reduce a (sequences, tokens) loss to the scalar a trainer minimises.
+
+    With ``L_k = sum_t mask[k, t]`` the length of sequence ``k``, ``T = sum_k L_k``
+    all tokens and ``N'`` the number of sequences with at least one token:
+
+    ========================  ==========================================  ===================
+    mode                      loss                                        weight of sequence k
+    ========================  ==========================================  ===================
+    ``"token-mean"``          ``sum_kt mask * loss / T``                  ``1 / T``
+    ``"seq-mean-token-sum"``  ``(1/N') sum_k sum_t mask * loss``          ``1 / N'``
+    ``"seq-mean-token-mean"`` ``(1/N') sum_k (1/L_k) sum_t mask * loss``  ``1 / (N' L_k)``
+    ``"token-sum"``           ``sum_kt mask * loss``                      ``1``
+    ========================  ==========================================  ===================
+
+    For the policy-gradient loss ``loss[k, t] = -A_k log pi(token_kt)`` the
+    token scores of a sequence add up to its score ``S_k``, so the gradient of
+    "token-mean", "seq-mean-token-sum" and "token-sum" is ``-c sum_k A_k S_k``
+    with one constant ``c`` for the whole batch (``1/T``, ``1/N'`` or 1). With
+    :func:`maxrl_advantages`' multiplicity correction each prompt's weight is
+    then independent of its rollout count, and "seq-mean-token-sum" reproduces
+    the contract ``(advantages * seq_logprob).mean()`` exactly (negated).
+    "seq-mean-token-mean" instead weights sequence ``k`` by ``1 / L_k``: shorter
+    sequences count more, within and across prompts. That is a length
+    reweighting the MaxRL estimator does not have; its expectation is no longer
+    ``(1/M) sum_i w_c grad log p_i`` unless lengths are independent of outcomes.
+
+    Parameters
+    ----------
+    per_token_loss : torch.Tensor, shape (N, T)
+        Per-token loss, for example ``-advantages[:, None] * token_logprobs`` or a
+        PPO-clipped surrogate (see :func:`policy_gradient_loss`).
+    mask : torch.Tensor, shape (N, T), optional
+        Which tokens count (bool or 0/1; other values act as token weights).
+        None: every token.
+    mode : str, default "token-mean"
+        One of :data:`LOSS_MODES`.
+    process_group : torch.distributed.ProcessGroup, optional
+        Data parallelism with gradients averaged over the group (DDP, FSDP): the
+        token and sequence counts are all-reduced and the result is multiplied by
+        the world size, so that the averaged gradient, and the mean over ranks of
+        the returned values, equal those of the single-process loss on the whole
+        batch.
+
+    Returns
+    -------
+    torch.Tensor, shape ()
+        Zero (with gradient) when no token is unmasked.
+    """
+    mask = _check_loss_inputs(per_token_loss, mask, mode)
+    dist, world = _world(process_group)
+    masked = per_token_loss * mask
+    if mode == "token-sum":
+        loss = masked.sum()
+        return loss * world if dist is not None else loss
+    lengths = mask.sum(dim=1)
+    if mode == "token-mean":
+        numerator = masked.sum()
+        denominator = lengths.sum()
+    else:
+        per_sequence = masked.sum(dim=1)
+        if mode == "seq-mean-token-mean":
+            # An empty sequence has a zero numerator; dividing by 1 keeps it 0.
+            per_sequence = per_sequence / torch.where(lengths != 0, lengths, 1)
+        numerator = per_sequence.sum()
+        denominator = torch.count_nonzero(lengths).to(per_token_loss.dtype)
+    denominator = denominator.detach()
+    if dist is not None:
+        denominator = denominator.clone()
+        dist.all_reduce(denominator, group=process_group)
+        numerator = numerator * world
+    return numerator / denominator.clamp_min(torch.finfo(denominator.dtype).tiny)
+
+
+def policy_gradient_loss(token_logprobs, advantages, mask=None, mode: str = "token-mean", *,
+                         old_token_logprobs=None, clip_range=None,
+                         process_group=None) -> torch.Tensor:
+    """The MaxRL policy-gradient loss from per-token log-probabilities and advantages.
+
+    Per token, ``loss = -A_k * log pi(token)`` (REINFORCE, whose gradient is
+    ``-A_k`` times the token's score), or, with ``old_token_logprobs``, the
+    PPO-clipped surrogate ``-min(rho A_k, clip(rho, 1 - lo, 1 + hi) A_k)`` with
+    ``rho = exp(logprob - old_logprob)``, which has the same gradient at
+    ``rho = 1``. The result is reduced with :func:`aggregate_loss`; see there
+    for how each mode weights prompts and sequences.
+
+    Parameters
+    ----------
+    token_logprobs : torch.Tensor, shape (N, T)
+        Log-probabilities of the sampled tokens under the current policy (with
+        autograd history).
+    advantages : torch.Tensor, shape (N,)
+        For example from :func:`maxrl_advantages`; used as constants (detached).
+    mask : torch.Tensor, shape (N, T), optional
+        Which tokens count; see :func:`aggregate_loss`.
+    mode : str, default "token-mean"
+        One of :data:`LOSS_MODES`.
+    old_token_logprobs : torch.Tensor, shape (N, T), optional
+        Log-probabilities under the policy that sampled the rollouts; turns on
+        the clipped surrogate.
+    clip_range : float or (float, float), optional
+        ``eps`` or ``(eps_low, eps_high)`` of the clipped surrogate (default 0.2).
+        Only used with ``old_token_logprobs``.
+    process_group : torch.distributed.ProcessGroup, optional
+        See :func:`aggregate_loss`.
+
+    Returns
+    -------
+    torch.Tensor, shape ()
+    """
+    if not isinstance(token_logprobs, torch.Tensor) or token_logprobs.ndim != 2:
+        raise SeraOptError(
+            "token_logprobs must be a tensor of shape (sequences, tokens); for sequence "
+            "log-probabilities use shape (N, 1)."
+        )
+    advantages = _as_tensor(advantages, "advantages", device=token_logprobs.device)
+    if advantages.shape != token_logprobs.shape[:1]:
+        raise SeraOptError(
+            f"advantages must have one entry per sequence, shape ({token_logprobs.shape[0]},), "
+            f"got {tuple(advantages.shape)}."
+        )
+    advantages = advantages.detach().to(token_logprobs.dtype)[:, None]
+    if old_token_logprobs is None:
+        if clip_range is not None:
+            warnings.warn("clip_range is ignored without old_token_logprobs (no PPO ratio).",
+                          SeraOptWarning, stacklevel=2)
+        per_token_loss = -advantages * token_logprobs
+    else:
+        old_token_logprobs = _as_tensor(old_token_logprobs, "old_token_logprobs",
+                                        device=token_logprobs.device)
+        if old_token_logprobs.shape != token_logprobs.shape:
+            raise SeraOptError(
+                f"old_token_logprobs must have the shape of token_logprobs, "
+                f"{tuple(token_logprobs.shape)}, got {tuple(old_token_logprobs.shape)}."
+            )
+        low, high = _clip_bounds(0.2 if clip_range is None else clip_range)
+        ratio = torch.exp(token_logprobs - old_token_logprobs.detach())
+        clipped = ratio.clamp(1.0 - low, 1.0 + high)
+        per_token_loss = -torch.minimum(ratio * advantages, clipped * advantages)
+    return aggregate_loss(per_token_loss, mask, mode, process_group=process_group)
+
+
+def _clip_bounds(clip_range):
+    pair = clip_range if isinstance(clip_range, (tuple, list)) else (clip_range, clip_range)
+    if len(pair) != 2:
+        raise SeraOptError(f"clip_range must be a float or a pair of floats, got {clip_range!r}.")
+    low, high = (float(v) for v in pair)
+    if not (0 <= low < 1 and high >= 0):
+        raise SeraOptError(
+            f"clip_range must satisfy 0 <= eps_low < 1 and eps_high >= 0, got {clip_range!r}."
+        )
+    return low, high
+
+
+@_doc
+def advantage_diagnostics(rewards, prompt_index, *, estimator: str = "mean_centred",
+                          multiplicity_correction: bool = True, success_probs=None,
+                          success_threshold=None, num_prompts=None, process_group=None,
+                          validate: bool = True) -> dict[str, float]:
+    """What a trainer logs each step about the batch's effective prompt weights.
+
+    A prompt's expected contribution to the batch gradient is
+    ``v_i w_c(p_i, n_i) grad log p_i`` up to a common constant, with ``v_i = 1``
+    under the multiplicity correction and ``v_i = n_i / nbar`` without it. The
+    *effective weight* ``e_i = v_i w_c(p_i, n_i)`` should be equal across
+    prompts for the batch gradient to align with the likelihood gradient
+    ``sum_i grad log p_i`` (THEORY.md section 6).
+
+    Parameters
+    ----------
+    {common}
+    estimator, multiplicity_correction
+        As in :func:`maxrl_advantages`.
+    success_probs : torch.Tensor, shape (N,), optional
+        Each rollout's prompt's success-probability estimate (for example the one
+        the allocation used), in [0, 1]; the mean over a prompt's rollouts is used.
+        Default: the posterior mean ``(K_i + 1) / (n_i + 2)`` under a uniform prior,
+        computed from the batch itself.
+
+    Returns
+    -------
+    dict[str, float]
+        ``num_prompts`` (M), ``num_rollouts`` (N), ``mean_count`` (nbar),
+        ``min_count``, ``max_count``, ``success_rate`` (K/N over the batch),
+        ``zero_success_fraction``, ``all_success_fraction``, ``signal_fraction``
+        (prompts whose advantages are not all zero), ``min_factor``,
+        ``mean_factor``, ``max_factor`` (the attenuation factors ``w_c``),
+        ``min_correction``, ``max_correction`` (``nbar / n_i``, or 1 without the
+        correction), ``weight_spread`` (std / mean of ``e_i``; NaN if every
+        ``e_i`` is 0) and ``alignment_proxy`` (``mean(e) / sqrt(mean(e^2))``: the
+        cosine between the expected and the exact gradient if the ``grad log p_i``
+        were orthogonal with equal norms; 1 when all ``e_i`` are equal, 0 when all
+        are 0). Means are over the M prompts.
+    """
+    offset = _check_estimator(estimator)
+    multiplicity_correction = _check_flag(multiplicity_correction, "multiplicity_correction")
+    validate = _check_flag(validate, "validate")
+    groups = group(rewards, prompt_index, success_threshold=success_threshold,
+                   num_prompts=num_prompts, process_group=process_group, validate=validate,
+                   dtype=torch.float64)
+    dist, _ = _world(process_group)
+    successes = groups.successes
+    counts = groups.failures + successes
+    present = counts > 0
+    n = counts.double()
+    k = successes.double()
+    num_prompts_t = torch.count_nonzero(counts).double()
+    m = num_prompts_t.clamp_min(1)
+    num_rollouts = n.sum()
+    mean_count = num_rollouts / m
+    n_safe = n.clamp_min(1)
+
+    if success_probs is None:
+        probs = (k + 1) / (n + 2)
+    else:
+        probs = _slot_probs(success_probs, groups, n_safe, dist, process_group)
+    exponent = n - offset
+    factor = torch.where(exponent > 0, -torch.expm1(exponent * torch.log1p(-probs)), 0.0)
+    factor = torch.where(present, factor, 0.0)
+    if multiplicity_correction:
+        correction = mean_count / n_safe
+        weight = factor
+    else:
+        correction = torch.ones_like(n)
+        weight = factor * n / mean_count
+    weight = torch.where(present, weight, 0.0)
+    mean_weight = weight.sum() / m
+    mean_square = (weight * weight).sum() / m
+    deviation = torch.where(present, weight - mean_weight, 0.0)
+    spread = ((deviation * deviation).sum() / m).sqrt() / mean_weight
+    alignment = torch.where(mean_square > 0, mean_weight / mean_square.sqrt(), 0.0)
+    inf = torch.tensor(float("inf"), dtype=torch.float64, device=n.device)
+    signal = (successes > 0) & (successes < counts) if offset == 1 else successes > 0
+
+    def masked_min(x):
+        return torch.where(present, x, inf).min() if x.numel() else inf
+
+    def masked_max(x):
+        return torch.where(present, x, -inf).max() if x.numel() else -inf
+
+    values = torch.stack([
+        num_prompts_t, num_rollouts, mean_count, masked_min(n), masked_max(n),
+        k.sum() / num_rollouts.clamp_min(1),
+        ((successes == 0) & present).sum() / m,
+        ((successes == counts) & present).sum() / m,
+        (signal & present).sum() / m,
+        masked_min(factor), factor.sum() / m, masked_max(factor),
+        masked_min(correction), masked_max(correction),
+        spread, alignment,
+    ]).tolist()
+    keys = ("num_prompts", "num_rollouts", "mean_count", "min_count", "max_count",
+            "success_rate", "zero_success_fraction", "all_success_fraction", "signal_fraction",
+            "min_factor", "mean_factor", "max_factor", "min_correction", "max_correction",
+            "weight_spread", "alignment_proxy")
+    return dict(zip(keys, values, strict=True))
+
+
+def _slot_probs(success_probs, groups, n_safe, dist, process_group):
+    probs = _as_tensor(success_probs, "success_probs", device=groups.device)
+    if probs.shape != groups.codes.shape or not probs.is_floating_point():
+        raise SeraOptError(
+            f"success_probs must be a floating tensor with one entry per rollout, shape "
+            f"{tuple(groups.codes.shape)}, got {tuple(probs.shape)} ({probs.dtype}); expand "
+            f"per-prompt estimates with success_probs[prompt_index]."
+        )
+    probs = probs.to(device=groups.device, dtype=torch.float64)
+    # The range check travels with the sums (one extra slot), so that under data
+    # parallelism every rank raises together instead of one waiting in a collective.
+    totals = torch.zeros(groups.num_slots + 1, dtype=torch.float64, device=groups.device)
+    totals[:-1].index_add_(0, groups.codes >> 1, probs)
+    totals[-1] = (~((probs >= 0) & (probs <= 1))).sum()
+    if dist is not None:
+        dist.all_reduce(totals, group=process_group)
+    if totals[-1].item() > 0:
+        raise SeraOptError(
+            "success_probs must be probabilities in [0, 1] (no NaN); "
+            f"{int(totals[-1].item())} value(s) are not. sera_opt does not clip them."
+        )
+    return (totals[:-1] / n_safe).clamp(0, 1)
