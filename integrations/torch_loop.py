@@ -1,0 +1,473 @@
+"""One MaxRL training step with planned rollout counts, for any PyTorch loop.
+
+The step has five parts, and this module supplies the four that do not depend on
+the model:
+
+1. :func:`plan_rollouts` asks a :class:`sera_opt.RolloutPlanner` how many rollouts
+   each prompt of the batch gets (the counts sum to the budget) and returns the
+   prompt of every rollout row;
+2. *you* sample one completion per row and score it (binary rewards);
+3. :func:`maxrl_loss` turns the rewards into MaxRL advantages
+   (:func:`sera_opt.maxrl_advantages`, with the multiplicity correction) and
+   combines them with your sequence or token log-probabilities through
+   :func:`sera_opt.aggregate_loss`;
+4. :func:`observe` feeds the rewards back to the planner, so that the next plan
+   uses them.
+
+:func:`maxrl_step` chains the four around a callable that does part 2. A typical
+loop::
+
+    planner = sera_opt.RolloutPlanner("sera", min_rollouts=2, max_rollouts=16)
+    for prompt_ids in batches:                      # M distinct prompt ids
+        plan = plan_rollouts(planner, prompt_ids, budget=8 * len(prompt_ids))
+        completions = my_sampler(plan.row_prompt_ids)          # one per row
+        rewards = my_reward(plan.row_prompt_ids, completions)  # 0/1 per row
+        logps, mask = my_token_logps(plan.row_prompt_ids, completions)
+        out = maxrl_loss(logps, rewards, plan.prompt_index, mask=mask)
+        out.loss.backward(); optimizer.step(); optimizer.zero_grad()
+        observe(planner, plan, rewards)
+
+This module imports torch; ``import sera_opt`` does not import it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+import sera_opt
+from sera_opt.exceptions import SeraOptError
+
+__all__ = [
+    "LOSS_MODES",
+    "MaxRLLoss",
+    "RolloutPlan",
+    "StepOutput",
+    "maxrl_loss",
+    "maxrl_step",
+    "observe",
+    "plan_rollouts",
+]
+
+#: The aggregation modes of :func:`sera_opt.aggregate_loss`.
+LOSS_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "token-sum")
+
+
+@dataclass(frozen=True)
+class RolloutPlan:
+    """Which prompt every rollout row of one batch belongs to.
+
+    Attributes
+    ----------
+    prompt_ids : numpy.ndarray, shape (M,)
+        The batch's prompt ids, in the order given to :func:`plan_rollouts`.
+    counts : numpy.ndarray of int64, shape (M,)
+        Rollouts allocated to each prompt; ``counts.sum() == budget``.
+    prompt_index : numpy.ndarray of int64, shape (B,)
+        For each rollout row, the position of its prompt in ``prompt_ids``. Rows of
+        one prompt are contiguous and prompts keep their order:
+        ``prompt_index == np.repeat(np.arange(M), counts)``.
+    allocation : sera_opt.Allocation or None
+        The planner's allocation (factors, levels, waterline, ...), or None when the
+        plan was built from counts directly.
+    """
+
+    prompt_ids: np.ndarray
+    counts: np.ndarray
+    prompt_index: np.ndarray
+    allocation: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def budget(self) -> int:
+        """Total number of rollout rows, B."""
+        return int(self.prompt_index.shape[0])
+
+    @property
+    def num_prompts(self) -> int:
+        """Number of prompts, M."""
+        return int(self.prompt_ids.shape[0])
+
+    @property
+    def row_prompt_ids(self) -> np.ndarray:
+        """The prompt id of every rollout row, shape (B,)."""
+        return self.prompt_ids[self.prompt_index]
+
+    def prompt_index_tensor(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """``prompt_index`` as an int64 tensor on ``device``."""
+        return torch.as_tensor(self.prompt_index, dtype=torch.long, device=device)
+
+    @classmethod
+    def from_counts(
+        cls, prompt_ids: Sequence[Any], counts: Sequence[int], allocation: Any = None
+    ) -> RolloutPlan:
+        """Build a plan from given per-prompt counts (validated: integers >= 1).
+
+        Parameters
+        ----------
+        prompt_ids : sequence, length M
+            Distinct prompt ids.
+        counts : sequence of int, length M
+            Rollouts per prompt.
+        allocation : sera_opt.Allocation, optional
+            Kept on the plan for logging.
+        """
+        ids = _as_prompt_id_array(prompt_ids)
+        raw = np.asarray(counts)
+        if raw.ndim != 1 or raw.shape[0] != ids.shape[0]:
+            raise SeraOptError(
+                f"counts must be a 1-D sequence with one entry per prompt ({ids.shape[0]}); got shape {raw.shape}."
+            )
+        if raw.size and (not np.issubdtype(raw.dtype, np.number) or np.any(raw != np.round(raw))):
+            raise SeraOptError(f"counts must be whole numbers; got {raw.tolist()}.")
+        counts_arr = raw.astype(np.int64)
+        if np.any(counts_arr < 1):
+            raise SeraOptError(
+                f"every prompt needs at least one rollout; got counts {counts_arr.tolist()}. "
+                "Drop prompts with no rollouts from the batch before planning."
+            )
+        prompt_index = np.repeat(np.arange(ids.shape[0], dtype=np.int64), counts_arr)
+        return cls(
+            prompt_ids=ids, counts=counts_arr, prompt_index=prompt_index, allocation=allocation
+        )
+
+
+@dataclass(frozen=True)
+class MaxRLLoss:
+    """Result of :func:`maxrl_loss`.
+
+    Attributes
+    ----------
+    loss : torch.Tensor
+        Scalar loss; ``loss.backward()`` ascends the (multiplicity-corrected) MaxRL
+        objective.
+    advantages : torch.Tensor, shape (B,)
+        The per-rollout coefficients used (detached).
+    """
+
+    loss: torch.Tensor
+    advantages: torch.Tensor
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """Result of :func:`maxrl_step`.
+
+    Attributes
+    ----------
+    loss : torch.Tensor
+        Scalar loss to back-propagate.
+    advantages : torch.Tensor, shape (B,)
+        Per-rollout advantages.
+    rewards : torch.Tensor, shape (B,)
+        Rewards returned by the rollout function, as float.
+    plan : RolloutPlan
+        The plan that was sampled.
+    diagnostics : dict of str to float
+        :func:`sera_opt.advantage_diagnostics` of the batch.
+    """
+
+    loss: torch.Tensor
+    advantages: torch.Tensor
+    rewards: torch.Tensor
+    plan: RolloutPlan
+    diagnostics: dict[str, float]
+
+
+def _as_prompt_id_array(prompt_ids: Sequence[Any]) -> np.ndarray:
+    if isinstance(prompt_ids, torch.Tensor):
+        prompt_ids = prompt_ids.detach().cpu().numpy()
+    ids = np.asarray(prompt_ids)
+    if ids.ndim != 1:
+        raise SeraOptError(
+            f"prompt_ids must be a 1-D sequence of ids; got an array of shape {ids.shape}."
+        )
+    if ids.shape[0] == 0:
+        raise SeraOptError("prompt_ids is empty; a batch needs at least one prompt.")
+    uniques, first = np.unique(ids, return_index=True)
+    if uniques.shape[0] != ids.shape[0]:
+        duplicated = np.setdiff1d(np.arange(ids.shape[0]), first)
+        raise SeraOptError(
+            f"prompt_ids must be distinct within a batch; {ids[duplicated].tolist()!r} repeat. "
+            "Give a prompt more rollouts through the planner instead of listing it twice."
+        )
+    return ids
+
+
+def plan_rollouts(planner: Any, prompt_ids: Sequence[Any], budget: int) -> RolloutPlan:
+    """Allocate ``budget`` rollouts over the batch's prompts and lay out the rows.
+
+    Parameters
+    ----------
+    planner : sera_opt.RolloutPlanner
+        Anything with ``plan(prompt_ids, budget) -> Allocation``.
+    prompt_ids : sequence, length M
+        Distinct ids of the batch's prompts (ints or strings, as the planner's
+        tracker accepts them). The same prompt must keep its id across steps so that
+        its history is used.
+    budget : int
+        Total number of rollouts, B (``sum(counts) == budget``).
+
+    Returns
+    -------
+    RolloutPlan
+        ``plan.row_prompt_ids`` lists the prompt of each of the B rows to sample.
+
+    Raises
+    ------
+    SeraOptError
+        If the ids repeat, the budget is not a positive integer, or the planner
+        returns counts that do not sum to the budget.
+    """
+    ids = _as_prompt_id_array(prompt_ids)
+    if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or budget < 1:
+        raise SeraOptError(f"budget must be a positive integer number of rollouts; got {budget!r}.")
+    allocation = planner.plan(ids.tolist(), int(budget))
+    counts = np.asarray(allocation.counts, dtype=np.int64)
+    if counts.shape != ids.shape or int(counts.sum()) != int(budget):
+        raise SeraOptError(
+            f"the planner returned counts of shape {counts.shape} summing to {int(counts.sum())} for "
+            f"{ids.shape[0]} prompts and budget {int(budget)}; a planner must return one count per prompt "
+            "summing to the budget."
+        )
+    return RolloutPlan.from_counts(ids, counts, allocation=allocation)
+
+
+def _rewards_tensor(rewards: Any, num_rows: int, device: torch.device | None) -> torch.Tensor:
+    # The dtype is kept: 0/1 integers or booleans are exact, and float scores keep
+    # their precision for success_threshold.
+    tensor = torch.as_tensor(
+        np.asarray(rewards) if not isinstance(rewards, torch.Tensor) else rewards
+    )
+    tensor = tensor.detach().to(device=device).reshape(-1)
+    if tensor.shape[0] != num_rows:
+        raise SeraOptError(
+            f"expected one reward per rollout row ({num_rows}); got {tensor.shape[0]}."
+        )
+    return tensor
+
+
+def maxrl_loss(
+    log_probs: torch.Tensor,
+    rewards: Any,
+    prompt_index: Any,
+    *,
+    mask: torch.Tensor | None = None,
+    mode: str | None = None,
+    estimator: str = "mean_centred",
+    multiplicity_correction: bool = True,
+    success_threshold: float | None = None,
+    process_group: Any = None,
+) -> MaxRLLoss:
+    """The MaxRL policy-gradient loss of one batch of rollouts.
+
+    ``loss = aggregate_loss(-A[:, None] * log_probs, mask, mode)`` with
+    ``A = sera_opt.maxrl_advantages(rewards, prompt_index, ...)`` (detached), so that
+    ``loss.backward()`` gives minus the multiplicity-corrected MaxRL gradient of the
+    chosen aggregation.
+
+    Parameters
+    ----------
+    log_probs : torch.Tensor, shape (B,) or (B, T)
+        Log-probabilities under the current policy, with gradients: one per rollout
+        (the sequence log-probability, the sum of its token log-probabilities) or
+        one per token.
+    rewards : array-like, shape (B,)
+        Binary outcome of each rollout (or scores turned into outcomes by
+        ``success_threshold``).
+    prompt_index : array-like of int, shape (B,)
+        Prompt of each rollout, e.g. :attr:`RolloutPlan.prompt_index`.
+    mask : torch.Tensor, shape (B, T), optional
+        1 for completion tokens, 0 for padding. Default: all ones. Not allowed
+        with sequence log-probabilities.
+    mode : str, optional
+        Aggregation, one of :data:`LOSS_MODES` (see :func:`sera_opt.aggregate_loss`).
+        Default: ``"token-mean"`` for token log-probabilities,
+        ``"seq-mean-token-sum"`` (the mean over rollouts) for sequence ones. The
+        ``"seq-mean-token-mean"`` mode divides each sequence by its own length, a
+        length weighting on top of the estimator.
+    estimator : {"mean_centred", "success_average"}
+        The MaxRL estimator (see the theory page).
+    multiplicity_correction : bool
+        Scale prompt i's coefficients by ``nbar / n_i`` so that prompts with more
+        rollouts do not get more weight. Keep it on with planned counts.
+    success_threshold : float, optional
+        Passed to :func:`sera_opt.maxrl_advantages`.
+    process_group : optional
+        Passed to :func:`sera_opt.maxrl_advantages` for data parallelism.
+
+    Returns
+    -------
+    MaxRLLoss
+        The scalar loss and the advantages.
+    """
+    if not isinstance(log_probs, torch.Tensor):
+        raise SeraOptError(f"log_probs must be a torch.Tensor; got {type(log_probs).__name__}.")
+    if log_probs.dim() == 1:
+        if mask is not None:
+            raise SeraOptError(
+                "mask was given with sequence log-probabilities (shape (B,)); pass per-token "
+                "log-probabilities of shape (B, T) with the mask, or drop the mask."
+            )
+        per_row_logps = log_probs.unsqueeze(1)
+        mask_tensor = torch.ones_like(per_row_logps)
+        mode = "seq-mean-token-sum" if mode is None else mode
+    elif log_probs.dim() == 2:
+        per_row_logps = log_probs
+        if mask is None:
+            mask_tensor = torch.ones_like(per_row_logps)
+        else:
+            mask_tensor = torch.as_tensor(mask, device=log_probs.device)
+            if mask_tensor.shape != log_probs.shape:
+                raise SeraOptError(
+                    f"mask has shape {tuple(mask_tensor.shape)} but log_probs has shape {tuple(log_probs.shape)}; "
+                    "they must match."
+                )
+        mode = "token-mean" if mode is None else mode
+    else:
+        raise SeraOptError(
+            f"log_probs must have shape (B,) or (B, T); got {tuple(log_probs.shape)}."
+        )
+    if mode not in LOSS_MODES:
+        raise SeraOptError(f"unknown mode {mode!r}; use one of {LOSS_MODES}.")
+    num_rows = per_row_logps.shape[0]
+    reward_tensor = _rewards_tensor(rewards, num_rows, log_probs.device)
+    index = torch.as_tensor(
+        np.asarray(prompt_index) if not isinstance(prompt_index, torch.Tensor) else prompt_index
+    )
+    index = index.to(device=log_probs.device, dtype=torch.long).reshape(-1)
+    if index.shape[0] != num_rows:
+        raise SeraOptError(
+            f"expected one prompt index per rollout row ({num_rows}); got {index.shape[0]}."
+        )
+    advantages = sera_opt.maxrl_advantages(
+        reward_tensor,
+        index,
+        estimator=estimator,
+        multiplicity_correction=multiplicity_correction,
+        success_threshold=success_threshold,
+        process_group=process_group,
+        dtype=per_row_logps.dtype if per_row_logps.is_floating_point() else None,
+    )
+    advantages = advantages.detach().to(device=log_probs.device, dtype=per_row_logps.dtype)
+    # policy_gradient_loss is aggregate_loss(-A[:, None] * log_probs, mask, mode).
+    loss = sera_opt.policy_gradient_loss(
+        per_row_logps, advantages, mask_tensor, mode, process_group=process_group
+    )
+    return MaxRLLoss(loss=loss, advantages=advantages)
+
+
+def observe(
+    planner: Any, plan: RolloutPlan, rewards: Any, *, success_threshold: float | None = None
+) -> None:
+    """Feed a batch's outcomes back to the planner (one reward per row of ``plan``).
+
+    Parameters
+    ----------
+    planner : sera_opt.RolloutPlanner
+        Anything with ``observe(prompt_ids, rewards)`` taking one entry per rollout.
+    plan : RolloutPlan
+        The plan the rewards were sampled from.
+    rewards : array-like, shape (B,)
+        The rewards, in row order.
+    success_threshold : float, optional
+        When given, the planner sees ``rewards >= success_threshold`` (as 0/1), the
+        outcomes :func:`sera_opt.maxrl_advantages` uses with the same threshold.
+    """
+    values = _rewards_tensor(rewards, plan.budget, None).cpu().numpy().astype(np.float64)
+    if success_threshold is not None:
+        values = (values >= success_threshold).astype(np.float64)
+    planner.observe(plan.row_prompt_ids.tolist(), values)
+
+
+def _unpack_rollouts(result: Any) -> tuple[torch.Tensor, Any, torch.Tensor | None]:
+    if isinstance(result, Mapping):
+        missing = {"log_probs", "rewards"} - set(result)
+        if missing:
+            raise SeraOptError(
+                f"the rollout function returned a mapping without {sorted(missing)}; it must hold 'log_probs', "
+                "'rewards' and optionally 'mask'."
+            )
+        return result["log_probs"], result["rewards"], result.get("mask")
+    if isinstance(result, tuple) and len(result) in (2, 3):
+        log_probs, rewards = result[0], result[1]
+        return log_probs, rewards, (result[2] if len(result) == 3 else None)
+    raise SeraOptError(
+        "the rollout function must return (log_probs, rewards), (log_probs, rewards, mask) or a mapping with "
+        f"those keys; got {type(result).__name__}."
+    )
+
+
+def maxrl_step(
+    planner: Any,
+    prompt_ids: Sequence[Any],
+    budget: int,
+    rollout_fn: Callable[[RolloutPlan], Any],
+    *,
+    mode: str | None = None,
+    estimator: str = "mean_centred",
+    multiplicity_correction: bool = True,
+    success_threshold: float | None = None,
+    update_planner: bool = True,
+) -> StepOutput:
+    """Plan, roll out, score and build the loss of one batch.
+
+    Parameters
+    ----------
+    planner : sera_opt.RolloutPlanner
+        Decides the counts and learns from the rewards.
+    prompt_ids : sequence, length M
+        Distinct ids of the batch's prompts.
+    budget : int
+        Total rollouts for the batch.
+    rollout_fn : callable
+        ``rollout_fn(plan)`` samples one completion for each of ``plan.budget`` rows
+        (row r belongs to prompt ``plan.row_prompt_ids[r]``), scores it, and returns
+        ``(log_probs, rewards)`` or ``(log_probs, rewards, mask)`` (or a mapping with
+        those keys): log-probabilities of the sampled completions under the current
+        policy *with gradients*, shape (B,) or (B, T); one reward per row.
+    mode, estimator, multiplicity_correction, success_threshold
+        As in :func:`maxrl_loss`.
+    update_planner : bool
+        Call :func:`observe` with the rewards (default). Turn off to observe later,
+        e.g. after gathering rewards from other ranks.
+
+    Returns
+    -------
+    StepOutput
+        Call ``out.loss.backward()`` and step the optimizer.
+    """
+    plan = plan_rollouts(planner, prompt_ids, budget)
+    log_probs, rewards, mask = _unpack_rollouts(rollout_fn(plan))
+    result = maxrl_loss(
+        log_probs,
+        rewards,
+        plan.prompt_index,
+        mask=mask,
+        mode=mode,
+        estimator=estimator,
+        multiplicity_correction=multiplicity_correction,
+        success_threshold=success_threshold,
+    )
+    reward_tensor = _rewards_tensor(rewards, plan.budget, result.advantages.device)
+    if not reward_tensor.is_floating_point():
+        reward_tensor = reward_tensor.to(result.advantages.dtype)
+    diagnostics = sera_opt.advantage_diagnostics(
+        reward_tensor,
+        plan.prompt_index_tensor(reward_tensor.device),
+        estimator=estimator,
+        multiplicity_correction=multiplicity_correction,
+        success_threshold=success_threshold,
+    )
+    if update_planner:
+        observe(planner, plan, reward_tensor, success_threshold=success_threshold)
+    return StepOutput(
+        loss=result.loss,
+        advantages=result.advantages,
+        rewards=reward_tensor,
+        plan=plan,
+        diagnostics={key: float(value) for key, value in dict(diagnostics).items()},
+    )

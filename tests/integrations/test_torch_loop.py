@@ -1,0 +1,326 @@
+"""The plain PyTorch loop helper: planning, the MaxRL loss, feeding rewards back."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import sera_opt
+from sera_opt.exceptions import SeraOptError
+from sera_opt.integrations.torch_loop import (
+    LOSS_MODES,
+    RolloutPlan,
+    maxrl_loss,
+    maxrl_step,
+    observe,
+    plan_rollouts,
+)
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "torch_loop_example.py"
+
+
+# ----------------------------------------------------------------- slow references
+
+
+def reference_advantages(
+    rewards, prompt_index, estimator="mean_centred", multiplicity_correction=True
+):
+    """THEORY.md sections 2 and 4, one rollout at a time."""
+    rewards = [float(r) for r in rewards]
+    prompt_index = [int(i) for i in prompt_index]
+    prompts = sorted(set(prompt_index))
+    counts = {i: prompt_index.count(i) for i in prompts}
+    successes = {
+        i: sum(r for r, j in zip(rewards, prompt_index, strict=True) if j == i) for i in prompts
+    }
+    mean_count = len(rewards) / len(prompts)
+    advantages = []
+    for reward, i in zip(rewards, prompt_index, strict=True):
+        if successes[i] == 0:
+            advantages.append(0.0)
+            continue
+        rate = successes[i] / counts[i]
+        value = (reward - rate) / rate if estimator == "mean_centred" else reward / rate
+        if multiplicity_correction:
+            value *= mean_count / counts[i]
+        advantages.append(value)
+    return advantages
+
+
+def reference_aggregate(per_token_loss, mask, mode):
+    rows = [
+        [(loss, weight) for loss, weight in zip(loss_row, mask_row, strict=True)]
+        for loss_row, mask_row in zip(per_token_loss, mask, strict=True)
+    ]
+    sums = [sum(loss * weight for loss, weight in row) for row in rows]
+    lengths = [sum(weight for _, weight in row) for row in rows]
+    nonempty = sum(1 for length in lengths if length > 0)
+    if mode == "token-sum":
+        return sum(sums)
+    if mode == "token-mean":
+        return sum(sums) / sum(lengths)
+    if mode == "seq-mean-token-sum":
+        return sum(sums) / nonempty
+    return sum(s / length for s, length in zip(sums, lengths, strict=True) if length > 0) / nonempty
+
+
+class _FixedPlanner:
+    """Returns given counts; records what it observed."""
+
+    def __init__(self, counts):
+        self.counts = np.asarray(counts)
+        self.observed = []
+
+    def plan(self, prompt_ids, budget):
+        return SimpleNamespace(counts=self.counts.copy())
+
+    def observe(self, prompt_ids, rewards):
+        self.observed.append((list(prompt_ids), np.asarray(rewards).tolist()))
+
+
+# ----------------------------------------------------------------------------- planning
+
+
+def test_plan_rollouts_lays_out_rows_by_prompt():
+    planner = sera_opt.RolloutPlanner("sera", min_rollouts=2, max_rollouts=8, offset=1)
+    planner.observe([10] * 6 + [20] * 6 + [30] * 6, [0] * 6 + [1, 0, 0, 0, 0, 0] + [1] * 5 + [0])
+    plan = plan_rollouts(planner, [10, 20, 30], budget=15)
+    assert plan.budget == 15 and plan.num_prompts == 3
+    assert plan.counts.sum() == 15 and plan.counts.dtype == np.int64
+    np.testing.assert_array_equal(plan.prompt_index, np.repeat(np.arange(3), plan.counts))
+    np.testing.assert_array_equal(plan.row_prompt_ids, np.repeat([10, 20, 30], plan.counts))
+    assert plan.prompt_index_tensor().dtype == torch.long
+    # The prompt that never succeeded is the hardest: it gets the most rollouts.
+    assert plan.counts[0] == plan.counts.max() and plan.counts[0] > plan.counts[2]
+    assert plan.allocation is not None
+
+
+def test_plan_rollouts_rejects_bad_input():
+    planner = sera_opt.RolloutPlanner("uniform", min_rollouts=1)
+    with pytest.raises(SeraOptError, match="distinct"):
+        plan_rollouts(planner, [1, 2, 1], budget=6)
+    with pytest.raises(SeraOptError, match="budget"):
+        plan_rollouts(planner, [1, 2], budget=0)
+    with pytest.raises(SeraOptError, match="budget"):
+        plan_rollouts(planner, [1, 2], budget=4.0)
+    with pytest.raises(SeraOptError, match="empty"):
+        plan_rollouts(planner, [], budget=4)
+    with pytest.raises(SeraOptError, match="summing to the budget"):
+        plan_rollouts(_FixedPlanner([1, 2]), [1, 2], budget=4)
+
+
+def test_plan_from_counts_validates():
+    plan = RolloutPlan.from_counts(["a", "b"], [3, 1])
+    assert plan.row_prompt_ids.tolist() == ["a", "a", "a", "b"]
+    with pytest.raises(SeraOptError, match="at least one"):
+        RolloutPlan.from_counts(["a", "b"], [3, 0])
+    with pytest.raises(SeraOptError, match="whole numbers"):
+        RolloutPlan.from_counts(["a", "b"], [1.5, 2])
+    with pytest.raises(SeraOptError, match="one entry per prompt"):
+        RolloutPlan.from_counts(["a", "b"], [1, 2, 3])
+
+
+# ------------------------------------------------------------------------------- the loss
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    counts=st.lists(st.integers(1, 5), min_size=1, max_size=5),
+    data=st.data(),
+    mode=st.sampled_from(LOSS_MODES),
+    estimator=st.sampled_from(["mean_centred", "success_average"]),
+    correction=st.booleans(),
+)
+def test_maxrl_loss_matches_slow_reference(counts, data, mode, estimator, correction):
+    num_rows = sum(counts)
+    prompt_index = np.repeat(np.arange(len(counts)), counts)
+    rewards = data.draw(st.lists(st.integers(0, 1), min_size=num_rows, max_size=num_rows))
+    lengths = data.draw(st.lists(st.integers(1, 4), min_size=num_rows, max_size=num_rows))
+    generator = torch.Generator().manual_seed(len(rewards))
+    token_logps = -torch.rand(num_rows, 4, generator=generator, dtype=torch.float64)
+    mask = (torch.arange(4)[None, :] < torch.tensor(lengths)[:, None]).double()
+    result = maxrl_loss(
+        token_logps,
+        rewards,
+        prompt_index,
+        mask=mask,
+        mode=mode,
+        estimator=estimator,
+        multiplicity_correction=correction,
+    )
+    expected_advantages = reference_advantages(rewards, prompt_index, estimator, correction)
+    np.testing.assert_allclose(
+        result.advantages.numpy(), expected_advantages, rtol=1e-12, atol=1e-12
+    )
+    per_token = [
+        [-a * lp for lp in row]
+        for a, row in zip(expected_advantages, token_logps.tolist(), strict=True)
+    ]
+    expected_loss = reference_aggregate(per_token, mask.tolist(), mode)
+    assert float(result.loss) == pytest.approx(expected_loss, rel=1e-10, abs=1e-12)
+
+
+def test_sequence_log_probs_give_the_mean_over_rollouts():
+    logps = torch.tensor([-1.0, -2.0, -0.5, -0.1], requires_grad=True)
+    rewards = [1, 0, 0, 1]
+    index = [0, 0, 1, 1]
+    result = maxrl_loss(logps, rewards, index)
+    advantages = torch.tensor(reference_advantages(rewards, index))
+    torch.testing.assert_close(result.loss, -(advantages * logps).mean())
+    result.loss.backward()
+    torch.testing.assert_close(logps.grad, -advantages / 4)
+
+
+def test_maxrl_loss_rejects_bad_input():
+    logps = torch.zeros(4, 3)
+    with pytest.raises(SeraOptError, match="mask"):
+        maxrl_loss(torch.zeros(4), [0, 1, 0, 1], [0, 0, 1, 1], mask=torch.ones(4, 1))
+    with pytest.raises(SeraOptError, match="shape"):
+        maxrl_loss(logps, [0, 1, 0, 1], [0, 0, 1, 1], mask=torch.ones(4, 2))
+    with pytest.raises(SeraOptError, match="one reward per rollout"):
+        maxrl_loss(logps, [0, 1, 0], [0, 0, 1, 1])
+    with pytest.raises(SeraOptError, match="one prompt index"):
+        maxrl_loss(logps, [0, 1, 0, 1], [0, 0, 1])
+    with pytest.raises(SeraOptError, match="mode"):
+        maxrl_loss(logps, [0, 1, 0, 1], [0, 0, 1, 1], mode="mean")
+    with pytest.raises(SeraOptError, match="torch.Tensor"):
+        maxrl_loss(np.zeros(4), [0, 1, 0, 1], [0, 0, 1, 1])
+    with pytest.raises(SeraOptError, match="binary"):
+        maxrl_loss(logps, [0, 0.5, 0, 1], [0, 0, 1, 1])
+
+
+def test_expected_gradient_is_the_attenuated_likelihood_gradient():
+    """Monte Carlo: E[-grad loss] = (1/M) sum_i w_1(p_i, n_i) grad log p_i under unequal counts.
+
+    A tabular softmax policy: prompt i has logits theta_i over 3 answers, answer 0
+    succeeds, so p_i = softmax(theta_i)[0] and grad log p_i = e_0 - softmax(theta_i)
+    in prompt i's block.
+    """
+    theta = torch.tensor([[0.0, 1.0, 1.0], [1.0, 0.0, 0.5], [-1.0, 0.5, 0.0]], dtype=torch.float64)
+    counts = np.array([2, 3, 7])
+    probs = torch.softmax(theta, dim=1)
+    success = probs[:, 0].numpy()
+    factors = sera_opt.attenuation(success, counts, offset=1)
+    exact = torch.zeros_like(theta)
+    exact[:, 0] = 1.0
+    exact = (exact - probs) * torch.as_tensor(factors)[:, None] / len(counts)
+
+    plan = RolloutPlan.from_counts([0, 1, 2], counts)
+    num_prompts, budget = len(counts), plan.budget
+    draws = 20000
+    # Every draw is its own batch with its own copy of the parameters, all in one
+    # maxrl_loss call: draw d's prompts get ids d * M + i, so the groups (and the
+    # correction nbar / n_i) are per draw, and the gradient with respect to draw d's
+    # copy, times the number of draws, is that batch's gradient.
+    parameters = theta.repeat(draws, 1, 1).requires_grad_(True)
+    draw_of_row = torch.arange(draws).repeat_interleave(budget)
+    prompt_of_row = torch.as_tensor(plan.prompt_index).repeat(draws)
+    log_probs = torch.log_softmax(parameters, dim=2)[draw_of_row, prompt_of_row]
+    generator = torch.Generator().manual_seed(1234)
+    answers = torch.multinomial(log_probs.detach().exp(), 1, generator=generator).squeeze(1)
+    rewards = (answers == 0).double()
+    result = maxrl_loss(
+        log_probs.gather(1, answers[:, None]).squeeze(1),
+        rewards,
+        draw_of_row * num_prompts + prompt_of_row,
+        mode="seq-mean-token-sum",
+    )
+    (gradient,) = torch.autograd.grad(-result.loss, parameters)
+    samples = gradient * draws
+    mean = samples.mean(dim=0)
+    standard_error = samples.std(dim=0) / draws**0.5
+    # 5 standard errors per coordinate: a false alarm has probability below 1e-5 per test run.
+    assert torch.all((mean - exact).abs() <= 5 * standard_error + 1e-12), (
+        mean,
+        exact,
+        standard_error,
+    )
+    # ... and not the uncorrected expectation, which weights prompt i by n_i / nbar.
+    uncorrected = exact * torch.as_tensor(counts / counts.mean())[:, None]
+    assert torch.any((mean - uncorrected).abs() > 5 * standard_error)
+
+
+# --------------------------------------------------------------------- observe and step
+
+
+def test_observe_feeds_one_reward_per_row():
+    planner = _FixedPlanner([2, 1])
+    plan = plan_rollouts(planner, ["x", "y"], budget=3)
+    observe(planner, plan, torch.tensor([1.0, 0.0, 1.0]))
+    assert planner.observed == [(["x", "x", "y"], [1.0, 0.0, 1.0])]
+    with pytest.raises(SeraOptError, match="one reward per rollout"):
+        observe(planner, plan, [1.0, 0.0])
+
+
+def test_observe_moves_the_planners_estimates():
+    planner = sera_opt.RolloutPlanner("sera", min_rollouts=2, max_rollouts=8, offset=1)
+    before = np.asarray(planner.tracker.estimate([1, 2]), dtype=float)
+    plan = RolloutPlan.from_counts([1, 2], [4, 4])
+    observe(planner, plan, [1, 1, 1, 1, 0, 0, 0, 0])
+    after = np.asarray(planner.tracker.estimate([1, 2]), dtype=float)
+    assert after[0] > before[0] and after[1] < before[1]
+
+
+def _rollout_fn(kind):
+    def rollout(plan):
+        logps = torch.full((plan.budget, 2), -0.5, requires_grad=True)
+        rewards = torch.tensor([1.0 if r % 2 == 0 else 0.0 for r in range(plan.budget)])
+        mask = torch.ones(plan.budget, 2)
+        if kind == "tuple2":
+            return logps, rewards
+        if kind == "tuple3":
+            return logps, rewards, mask
+        return {"log_probs": logps, "rewards": rewards, "mask": mask}
+
+    return rollout
+
+
+@pytest.mark.parametrize("kind", ["tuple2", "tuple3", "mapping"])
+def test_maxrl_step_runs_the_whole_step(kind):
+    planner = _FixedPlanner([3, 2, 3])
+    out = maxrl_step(planner, [7, 8, 9], 8, _rollout_fn(kind))
+    expected = reference_advantages(out.rewards.tolist(), out.plan.prompt_index)
+    np.testing.assert_allclose(out.advantages.numpy(), expected, rtol=1e-6)
+    assert out.loss.requires_grad
+    assert out.diagnostics["num_rollouts"] == 8 and out.diagnostics["num_prompts"] == 3
+    assert planner.observed == [([7, 7, 7, 8, 8, 9, 9, 9], out.rewards.tolist())]
+
+
+def test_maxrl_step_can_leave_the_planner_alone():
+    planner = _FixedPlanner([1, 1])
+    maxrl_step(planner, [1, 2], 2, _rollout_fn("tuple2"), update_planner=False)
+    assert planner.observed == []
+
+
+def test_maxrl_step_rejects_a_bad_rollout_function():
+    planner = _FixedPlanner([1, 1])
+    with pytest.raises(SeraOptError, match="rollout function"):
+        maxrl_step(planner, [1, 2], 2, lambda plan: torch.zeros(2))
+    with pytest.raises(SeraOptError, match="log_probs"):
+        maxrl_step(planner, [1, 2], 2, lambda plan: {"rewards": [0, 1]})
+
+
+# --------------------------------------------------------------------------------- example
+
+
+def test_example_trains_the_tiny_policy():
+    spec = importlib.util.spec_from_file_location("torch_loop_example", EXAMPLE)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    history = example.train(steps=30, verbose=False)
+    assert len(history) == 30
+    assert all(sum(record["counts"]) == 32 for record in history)
+    assert any(len(set(record["counts"])) > 1 for record in history), (
+        "SERA never moved off uniform counts"
+    )
+    first = np.mean([r["batch_success_rate"] for r in history[:5]])
+    last = np.mean([r["batch_success_rate"] for r in history[-5:]])
+    assert last > first + 0.2, (first, last)
+    assert history[-1]["greedy_accuracy"] > history[0]["greedy_accuracy"]
