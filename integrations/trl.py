@@ -1,0 +1,544 @@
+"""TRL integration: ``GRPOTrainer`` with planned per-prompt rollout counts and MaxRL advantages.
+
+:class:`SeraGRPOTrainer` is a subclass of ``trl.GRPOTrainer`` (trl 1.16) that
+
+* gives prompt i of each generation batch n_i completions, as a
+  :class:`sera_opt.RolloutPlanner` allocates them, with the sum fixed to the batch
+  size, so every step costs what plain GRPO costs (``num_generations`` becomes the
+  *mean* count, nbar);
+* replaces GRPO's group-normalised advantages by :func:`sera_opt.maxrl_advantages`
+  with the multiplicity correction (every loss type of trl 1.16 sums over
+  rollouts before dividing by a batch-wide count, see :data:`LOSS_TYPE_TO_MODE`);
+* logs :func:`sera_opt.advantage_diagnostics` and the allocation with the
+  trainer's metrics (``sera/...``), and feeds the rewards back to the planner;
+* saves the planner's state with every checkpoint and restores it on resume;
+* refuses, with :class:`sera_opt.SeraOptError`, configurations whose counts or
+  advantages it could not honour (see :func:`check_grpo_config`).
+
+How: TRL's sampler repeats each prompt ``num_generations`` times. The trainer
+keeps one row per prompt, asks the planner for counts, repeats row i n_i times,
+and lets TRL generate one completion per row (the transformers ``generate`` path
+and vLLM colocate mode already do; in vLLM server mode the request is sent with
+``n=1`` per row instead of ``n=num_generations`` per unique prompt). After TRL
+scores the rows, the advantages are recomputed from the rewards and the plan.
+
+Import this module only where trl is installed (``pip install 'sera_opt[trl]'``).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import warnings
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from sera_opt.exceptions import MissingDependencyError, SeraOptError, SeraOptWarning
+
+try:
+    import torch
+    import trl
+    from accelerate.utils import gather_object
+    from trl import GRPOConfig, GRPOTrainer
+except ImportError as _error:  # pragma: no cover - depends on the environment
+    raise MissingDependencyError(
+        "sera_opt.integrations.trl needs trl 1.16: pip install 'sera_opt[trl]'"
+    ) from _error
+
+import sera_opt
+from sera_opt.integrations.torch_loop import RolloutPlan, plan_rollouts
+
+__all__ = [
+    "LOSS_TYPE_TO_MODE",
+    "PLANNER_STATE_FILE",
+    "SUPPORTED_TRL_VERSIONS",
+    "SeraGRPOTrainer",
+    "check_grpo_config",
+    "default_planner",
+    "loss_mode",
+    "stable_prompt_id",
+]
+
+#: trl release series this adapter was written and tested against; it overrides
+#: private methods of ``GRPOTrainer``, so other series are refused.
+SUPPORTED_TRL_VERSIONS = ("1.16.",)
+
+#: How each ``GRPOConfig.loss_type`` of trl 1.16 aggregates per-token losses, in
+#: :func:`sera_opt.aggregate_loss` terms (read from ``GRPOTrainer._compute_loss``):
+#:
+#: * ``grpo``, ``sapo``: mean over the micro-batch's sequences of each sequence's
+#:   token mean -> ``"seq-mean-token-mean"`` (sequences weighted by 1/length);
+#: * ``bnpo``: token mean over the micro-batch -> ``"token-mean"`` (local batch);
+#: * ``dapo``, ``cispo``, ``vespo``: token sum over the generation batch's token
+#:   count -> ``"token-mean"``;
+#: * ``dr_grpo``: token sum / (sequences x ``max_completion_length``) ->
+#:   ``"seq-mean-token-sum"`` up to a constant; ``luspo``: per-sequence token sum,
+#:   mean over sequences -> ``"seq-mean-token-sum"``.
+#:
+#: All of them sum rollout coefficients over the batch before a batch-wide division,
+#: so prompt i's weight grows with n_i: the multiplicity correction applies to every
+#: one of them.
+LOSS_TYPE_TO_MODE = {
+    "grpo": "seq-mean-token-mean",
+    "sapo": "seq-mean-token-mean",
+    "bnpo": "token-mean",
+    "dapo": "token-mean",
+    "cispo": "token-mean",
+    "vespo": "token-mean",
+    "dr_grpo": "seq-mean-token-sum",
+    "luspo": "seq-mean-token-sum",
+}
+
+#: File name of the planner state inside a checkpoint folder.
+PLANNER_STATE_FILE = "sera_planner_state.pt"
+
+_ESTIMATORS = ("mean_centred", "success_average")
+
+
+def loss_mode(loss_type: str) -> str:
+    """The :func:`sera_opt.aggregate_loss` mode of a trl ``loss_type``.
+
+    Raises
+    ------
+    SeraOptError
+        For a loss type this adapter does not know.
+    """
+    try:
+        return LOSS_TYPE_TO_MODE[loss_type]
+    except KeyError:
+        raise SeraOptError(
+            f"loss_type {loss_type!r} is not supported by SeraGRPOTrainer; use one of "
+            f"{sorted(LOSS_TYPE_TO_MODE)}."
+        ) from None
+
+
+def stable_prompt_id(prompt: Any) -> int:
+    """A 63-bit id of a prompt that is the same in every process and every run.
+
+    Python's ``hash`` is salted per process, so it cannot identify a prompt across
+    data-parallel ranks or across a resume; this hashes the prompt's JSON text.
+    """
+    text = json.dumps(prompt, sort_keys=True, ensure_ascii=False, default=str)
+    digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+def default_planner(estimator: str = "mean_centred", num_generations: int | None = None):
+    """The planner :class:`SeraGRPOTrainer` uses when none is given.
+
+    SERA with the offset of the estimator (``c = 1`` for ``"mean_centred"``, whose
+    prompts need at least 2 rollouts to carry any signal, ``c = 0`` for
+    ``"success_average"``), ``min_rollouts`` 2 (1 for ``"success_average"``) and
+    ``max_rollouts = 4 * num_generations`` when ``num_generations`` is given.
+    """
+    if estimator not in _ESTIMATORS:
+        raise SeraOptError(f"unknown estimator {estimator!r}; use one of {_ESTIMATORS}.")
+    offset = 1 if estimator == "mean_centred" else 0
+    options: dict[str, Any] = {"min_rollouts": 1 + offset, "offset": offset}
+    if num_generations is not None:
+        options["max_rollouts"] = 4 * int(num_generations)
+    return sera_opt.RolloutPlanner("sera", **options)
+
+
+def _version_supported(version: str) -> bool:
+    return any(version.startswith(prefix) for prefix in SUPPORTED_TRL_VERSIONS)
+
+
+def check_grpo_config(
+    args: GRPOConfig, *, rollout_func: Any = None, estimator: str = "mean_centred"
+) -> None:
+    """Refuse a ``GRPOConfig`` whose counts or advantages the adapter cannot honour.
+
+    Raises
+    ------
+    SeraOptError
+        With the reason and the fix, when
+
+        * trl is not a 1.16 release (private methods are overridden);
+        * ``rollout_func`` is set (a custom rollout decides its own completions per
+          prompt, so the counts could not be guaranteed);
+        * ``multi_objective_aggregation`` is not ``"sum_then_normalize"`` (the other
+          choice normalises rewards per group of ``num_generations``; MaxRL needs the
+          raw outcomes);
+        * ``loss_type`` is unknown;
+        * a process's share of the generation batch is not a whole number of prompt
+          groups (``per_device_train_batch_size * steps_per_generation`` must be a
+          multiple of ``num_generations``), since each process plans its own prompts;
+        * the estimator is unknown.
+    """
+    if not _version_supported(trl.__version__):
+        raise SeraOptError(
+            f"SeraGRPOTrainer supports trl {', '.join(v + '*' for v in SUPPORTED_TRL_VERSIONS)}; found trl "
+            f"{trl.__version__}. Install a supported version: pip install 'trl==1.16.*'."
+        )
+    if not isinstance(args, GRPOConfig):
+        raise SeraOptError(f"args must be a trl.GRPOConfig; got {type(args).__name__}.")
+    if estimator not in _ESTIMATORS:
+        raise SeraOptError(f"unknown estimator {estimator!r}; use one of {_ESTIMATORS}.")
+    if rollout_func is not None:
+        raise SeraOptError(
+            "rollout_func is not supported by SeraGRPOTrainer: a custom rollout decides how many completions each "
+            "prompt gets, so the planned counts could not be guaranteed. Generate through the trainer "
+            "(transformers or vLLM), or use sera_opt.integrations.torch_loop in your own loop."
+        )
+    if args.multi_objective_aggregation != "sum_then_normalize":
+        raise SeraOptError(
+            f"multi_objective_aggregation={args.multi_objective_aggregation!r} normalises each reward per group of "
+            "num_generations, which MaxRL cannot use; set multi_objective_aggregation='sum_then_normalize' and "
+            "make the weighted reward sum a 0/1 outcome (or pass success_threshold)."
+        )
+    loss_mode(args.loss_type)
+    rows_per_process = args.generation_batch_size // args.world_size
+    if rows_per_process % args.num_generations != 0:
+        raise SeraOptError(
+            f"each process holds {rows_per_process} rows of the generation batch "
+            f"(per_device_train_batch_size * steps_per_generation), which is not a multiple of "
+            f"num_generations={args.num_generations}; a prompt's rows would be split across processes. Choose "
+            "per_device_train_batch_size * steps_per_generation divisible by num_generations."
+        )
+
+
+def _planner_state_path(checkpoint_dir: str) -> str:
+    return os.path.join(checkpoint_dir, PLANNER_STATE_FILE)
+
+
+class SeraGRPOTrainer(GRPOTrainer):
+    """``trl.GRPOTrainer`` with planned rollout counts and MaxRL advantages.
+
+    Takes every argument of ``GRPOTrainer`` plus the keyword-only ones below.
+    ``args.num_generations`` is the mean number of completions per prompt; each
+    generation batch still holds ``args.generation_batch_size`` completions.
+
+    Parameters
+    ----------
+    planner : sera_opt.RolloutPlanner, optional
+        Decides the counts (``plan``) and learns from the rewards (``observe``).
+        Default: :func:`default_planner` for the estimator.
+    estimator : {"mean_centred", "success_average"}
+        The MaxRL estimator (:func:`sera_opt.maxrl_advantages`).
+    multiplicity_correction : bool
+        Scale prompt i's advantages by ``nbar / n_i`` (default True; every trl loss
+        type needs it under unequal counts).
+    success_threshold : float, optional
+        Passed to :func:`sera_opt.maxrl_advantages` when the weighted reward sum is
+        not already 0/1.
+    prompt_id_column : str or None
+        Dataset column holding a stable id per prompt (default ``"prompt_id"``).
+        When the column is absent (or this is None) the id is a hash of the prompt
+        (:func:`stable_prompt_id`).
+    history_size : int
+        Number of generation batches kept in :attr:`sera_history`.
+
+    Attributes
+    ----------
+    sera_planner : sera_opt.RolloutPlanner
+        The planner in use (its state is saved with each checkpoint).
+    sera_history : collections.deque of dict
+        One record per generation batch of this process: ``global_step``,
+        ``prompt_ids``, ``allocated_counts``, ``generated_counts`` (completions the
+        generation backend returned per prompt), ``prompt_index``, ``rewards``,
+        ``advantages`` (row order, before TRL shuffles the batch) and
+        ``diagnostics``.
+    sera_loss_mode : str
+        The aggregation of ``args.loss_type`` (:data:`LOSS_TYPE_TO_MODE`).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        reward_funcs: Any = None,
+        args: GRPOConfig | None = None,
+        *posargs: Any,
+        planner: Any = None,
+        estimator: str = "mean_centred",
+        multiplicity_correction: bool = True,
+        success_threshold: float | None = None,
+        prompt_id_column: str | None = "prompt_id",
+        history_size: int = 256,
+        **kwargs: Any,
+    ):
+        if args is None:
+            raise SeraOptError(
+                "SeraGRPOTrainer needs an explicit GRPOConfig (args=...), so that num_generations, the batch sizes "
+                "and loss_type are chosen on purpose."
+            )
+        if posargs:
+            raise SeraOptError(
+                "pass GRPOTrainer's arguments after `args` by keyword (train_dataset=..., processing_class=...)."
+            )
+        check_grpo_config(args, rollout_func=kwargs.get("rollout_func"), estimator=estimator)
+        if isinstance(history_size, bool) or not isinstance(history_size, int) or history_size < 1:
+            raise SeraOptError(f"history_size must be a positive integer; got {history_size!r}.")
+        self.sera_planner = (
+            planner if planner is not None else default_planner(estimator, args.num_generations)
+        )
+        self.sera_estimator = estimator
+        self.sera_multiplicity_correction = bool(multiplicity_correction)
+        self.sera_success_threshold = success_threshold
+        self.sera_prompt_id_column = prompt_id_column
+        self.sera_loss_mode = loss_mode(args.loss_type)
+        self.sera_history: deque[dict[str, Any]] = deque(maxlen=history_size)
+        self._sera_plan: RolloutPlan | None = None
+        self._sera_generated_counts: np.ndarray | None = None
+        self._sera_rewards_per_func: torch.Tensor | None = None
+        super().__init__(model, reward_funcs, args, **kwargs)
+
+    # ------------------------------------------------------------------ planning
+    def _sera_prompt_id(self, row: dict[str, Any]) -> Any:
+        column = self.sera_prompt_id_column
+        if column is not None and column in row:
+            value = row[column]
+            if isinstance(value, (np.integer, torch.Tensor)):
+                value = value.item()
+            return value
+        if "prompt" not in row:
+            raise SeraOptError(
+                "a dataset row has neither a 'prompt' nor a prompt id column; add a "
+                f"{column or 'prompt_id'!r} column with one stable id per prompt."
+            )
+        return stable_prompt_id(row["prompt"])
+
+    def _sera_groups(
+        self, inputs: Sequence[dict[str, Any]], group_size: int
+    ) -> list[dict[str, Any]]:
+        """One row per prompt from TRL's repeated rows, checking the repeats agree."""
+        if len(inputs) % group_size != 0:
+            raise SeraOptError(
+                f"the generation batch of this process has {len(inputs)} rows, not a multiple of "
+                f"num_generations={group_size}; see check_grpo_config."
+            )
+        groups = []
+        for start in range(0, len(inputs), group_size):
+            first = inputs[start]
+            first_id = self._sera_prompt_id(first)
+            for row in inputs[start + 1 : start + group_size]:
+                if self._sera_prompt_id(row) != first_id:
+                    raise SeraOptError(
+                        "the rows TRL's sampler delivered are not grouped by prompt in runs of num_generations; "
+                        "SeraGRPOTrainer needs trl's RepeatSampler ordering (do not replace the train sampler)."
+                    )
+            groups.append(first)
+        return groups
+
+    # --------------------------------------------------------------- generation
+    def _generate_single_turn(
+        self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False
+    ):
+        if self._sera_plan is not None:
+            # The rows are already repeated as planned: one completion per row. This is
+            # what the transformers path and vLLM colocate mode do anyway; in vLLM server
+            # mode it turns "n=num_generations per unique prompt" into one request per row.
+            num_generations = 1
+        return super()._generate_single_turn(
+            prompt_ids, images, multimodal_fields, num_generations, has_tool_images=has_tool_images
+        )
+
+    def _generate(self, prompts: list):
+        result = super()._generate(prompts)
+        plan = self._sera_plan
+        if plan is None:
+            return result
+        prompt_ids, completion_ids = result[0], result[1]
+        if len(completion_ids) != plan.budget or len(prompt_ids) != plan.budget:
+            raise SeraOptError(
+                f"the generation backend returned {len(completion_ids)} completions for {plan.budget} planned rows; "
+                "the planned counts cannot be honoured with this backend configuration."
+            )
+        # Count, per planned prompt, the completions whose prompt tokens (as returned by
+        # the backend) are that prompt's: a backend that reordered or merged rows fails here.
+        generated = np.zeros(plan.num_prompts, dtype=np.int64)
+        reference: dict[int, list[int]] = {}
+        for row, prompt_position in enumerate(plan.prompt_index.tolist()):
+            tokens = list(prompt_ids[row])
+            expected = reference.setdefault(prompt_position, tokens)
+            if tokens != expected:
+                raise SeraOptError(
+                    f"completion row {row} was generated for a different prompt than planned; the generation "
+                    "backend reordered rows, so the planned counts cannot be honoured."
+                )
+            generated[prompt_position] += 1
+        self._sera_generated_counts = generated
+        return result
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(
+            inputs, prompts, completions, completion_ids_list
+        )
+        # Already gathered over processes, in process order: kept to rebuild the advantages.
+        self._sera_rewards_per_func = rewards_per_func
+        return rewards_per_func
+
+    # ---------------------------------------------------------------- advantages
+    def _sera_global_index(self, local_index: np.ndarray, num_local_prompts: int) -> torch.Tensor:
+        device = self.accelerator.device
+        offset = self.accelerator.process_index * num_local_prompts
+        local = torch.as_tensor(local_index + offset, dtype=torch.long, device=device)
+        return self.accelerator.gather(local)
+
+    def _sera_rewards(self) -> torch.Tensor:
+        rewards_per_func = self._sera_rewards_per_func
+        if rewards_per_func is None:  # pragma: no cover - guarded by TRL's control flow
+            raise SeraOptError("no rewards were computed for the generation batch.")
+        unscorable = torch.isnan(rewards_per_func).all(dim=1)
+        if bool(unscorable.any()):
+            raise SeraOptError(
+                f"{int(unscorable.sum())} completions got no reward (every reward function returned None); MaxRL "
+                "needs an outcome for every rollout. Make at least one reward function score every completion."
+            )
+        weights = self.reward_weights.to(rewards_per_func.device).unsqueeze(0)
+        return (rewards_per_func * weights).nansum(dim=1)
+
+    def _sera_replace_advantages(
+        self, output: dict[str, Any], mode: str, global_index: torch.Tensor, rewards: torch.Tensor
+    ) -> torch.Tensor:
+        advantages = sera_opt.maxrl_advantages(
+            rewards,
+            global_index,
+            estimator=self.sera_estimator,
+            multiplicity_correction=self.sera_multiplicity_correction,
+            success_threshold=self.sera_success_threshold,
+        )
+        advantages = advantages.to(
+            device=output["advantages"].device, dtype=output["advantages"].dtype
+        )
+        num_local = output["advantages"].shape[0]
+        start = self.accelerator.process_index * num_local
+        output["advantages"] = advantages[start : start + num_local]
+
+        # TRL logged its own (group-normalised) advantages and zero-std fraction for
+        # fixed groups; replace them by the ones actually used.
+        self._logs["advantages"].clear()
+        self._logs["advantages"].extend(advantages.tolist())
+        group_min = torch.full((int(global_index.max()) + 1,), float("inf"), device=rewards.device)
+        group_max = torch.full_like(group_min, float("-inf"))
+        group_min = group_min.scatter_reduce(0, global_index, rewards, reduce="amin")
+        group_max = group_max.scatter_reduce(0, global_index, rewards, reduce="amax")
+        zero_spread = (group_max == group_min)[global_index].float().mean().item()
+        zero_std_log = self._metrics[mode]["frac_reward_zero_std"]
+        if zero_std_log:
+            zero_std_log[-1] = zero_spread
+        else:  # pragma: no cover - TRL always logs it
+            zero_std_log.append(zero_spread)
+        return advantages
+
+    def _sera_log_diagnostics(
+        self, mode: str, global_index: torch.Tensor, rewards: torch.Tensor, plan
+    ) -> dict:
+        diagnostics = sera_opt.advantage_diagnostics(
+            rewards,
+            global_index,
+            estimator=self.sera_estimator,
+            success_threshold=self.sera_success_threshold,
+        )
+        diagnostics = {key: float(value) for key, value in dict(diagnostics).items()}
+        for key, value in diagnostics.items():
+            self._metrics[mode][f"sera/{key}"].append(value)
+        if plan is not None:
+            counts = plan.counts.astype(float)
+            self._metrics[mode]["sera/count_min"].append(float(counts.min()))
+            self._metrics[mode]["sera/count_max"].append(float(counts.max()))
+            allocation = plan.allocation
+            min_factor = getattr(allocation, "min_factor", None)
+            if min_factor is not None:
+                self._metrics[mode]["sera/planned_min_factor"].append(float(min_factor))
+        return diagnostics
+
+    def _generate_and_score_completions(self, inputs):
+        mode = "train" if self.model.training else "eval"
+        if mode == "eval":
+            return self._sera_eval_batch(inputs)
+
+        groups = self._sera_groups(inputs, self.num_generations)
+        prompt_ids = [self._sera_prompt_id(row) for row in groups]
+        plan = plan_rollouts(self.sera_planner, prompt_ids, len(inputs))
+        # Shallow copies: TRL may write into rows, and a row repeated n_i times must not alias.
+        rows = [copy.copy(groups[position]) for position in plan.prompt_index.tolist()]
+
+        self._sera_plan = plan
+        self._sera_generated_counts = None
+        self._sera_rewards_per_func = None
+        try:
+            output = super()._generate_and_score_completions(rows)
+        finally:
+            self._sera_plan = None
+        generated = self._sera_generated_counts
+        if generated is None or not np.array_equal(generated, plan.counts):
+            raise SeraOptError(
+                f"planned counts {plan.counts.tolist()} but the backend generated "
+                f"{None if generated is None else generated.tolist()}."
+            )
+
+        rewards = self._sera_rewards()
+        global_index = self._sera_global_index(plan.prompt_index, plan.num_prompts)
+        advantages = self._sera_replace_advantages(output, mode, global_index, rewards)
+        diagnostics = self._sera_log_diagnostics(mode, global_index, rewards, plan)
+
+        # Every process observes every rollout, so the planners stay identical across processes.
+        row_prompt_ids = gather_object(plan.row_prompt_ids.tolist())
+        self.sera_planner.observe(row_prompt_ids, self._sera_outcomes(rewards))
+
+        num_local = len(rows)
+        start = self.accelerator.process_index * num_local
+        self.sera_history.append(
+            {
+                "global_step": int(self.state.global_step),
+                "prompt_ids": plan.prompt_ids.tolist(),
+                "allocated_counts": plan.counts.tolist(),
+                "generated_counts": generated.tolist(),
+                "prompt_index": plan.prompt_index.tolist(),
+                "rewards": rewards[start : start + num_local].tolist(),
+                "advantages": advantages[start : start + num_local].tolist(),
+                "diagnostics": diagnostics,
+            }
+        )
+        return output
+
+    def _sera_outcomes(self, rewards: torch.Tensor) -> np.ndarray:
+        values = rewards.detach().cpu().numpy().astype(np.float64)
+        if self.sera_success_threshold is not None:
+            return (values >= self.sera_success_threshold).astype(np.float64)
+        return values
+
+    def _sera_eval_batch(self, inputs):
+        # Evaluation keeps TRL's uniform groups of num_generations_eval; only the
+        # advantages (and so the reported eval loss) become MaxRL's.
+        group_size = self.num_generations_eval
+        self._sera_rewards_per_func = None
+        output = super()._generate_and_score_completions(inputs)
+        rewards = self._sera_rewards()
+        # TRL groups consecutive rows of the gathered eval batch (a group may span
+        # processes), so the index is built on the gathered rows.
+        global_index = torch.arange(rewards.shape[0], device=rewards.device) // group_size
+        self._sera_replace_advantages(output, "eval", global_index, rewards)
+        self._sera_log_diagnostics("eval", global_index, rewards, None)
+        return output
+
+    # -------------------------------------------------------------- checkpoints
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        if self.args.should_save:
+            from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+            folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            output_dir = os.path.join(self._get_output_dir(trial=trial), folder)
+            torch.save(self.sera_planner.state_dict(), _planner_state_path(output_dir))
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is None:
+            return
+        path = _planner_state_path(checkpoint)
+        if os.path.exists(path):
+            # Our own file, written by _save_checkpoint: it holds numpy arrays, hence weights_only=False.
+            self.sera_planner.load_state_dict(torch.load(path, weights_only=False))
+        else:
+            warnings.warn(
+                f"checkpoint {checkpoint} has no {PLANNER_STATE_FILE}; the planner starts from its prior.",
+                SeraOptWarning,
+                stacklevel=2,
+            )

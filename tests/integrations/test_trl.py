@@ -1,0 +1,495 @@
+"""SeraGRPOTrainer (trl 1.16) on CPU, offline, with a 2-layer GPT-2 and a character-level tokenizer."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from collections import Counter  # noqa: E402
+from unittest import mock  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from tests.markers import has_module, requires_trl  # noqa: E402
+
+pytestmark = [requires_trl, pytest.mark.trl]
+
+if has_module("trl"):
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    import sera_opt
+    from sera_opt.exceptions import SeraOptError
+    from sera_opt.integrations._trl_tiny import (
+        build_tiny_model,
+        build_tokenizer,
+        copy_digit_reward,
+        make_prompts,
+    )
+    from sera_opt.integrations.trl import (
+        LOSS_TYPE_TO_MODE,
+        PLANNER_STATE_FILE,
+        SeraGRPOTrainer,
+        check_grpo_config,
+        loss_mode,
+        stable_prompt_id,
+    )
+
+    class _RecordingTrainer(SeraGRPOTrainer):
+        """Keeps the advantages the trainer hands to TRL's loss, in row order."""
+
+        def __init__(self, *args, **kwargs):
+            self.recorded_advantages = []
+            super().__init__(*args, **kwargs)
+
+        def _generate_and_score_completions(self, inputs):
+            output = super()._generate_and_score_completions(inputs)
+            self.recorded_advantages.append(output["advantages"].detach().clone())
+            return output
+
+
+NUM_PROMPTS = 4
+NUM_GENERATIONS = 4
+ROWS = NUM_PROMPTS * NUM_GENERATIONS
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return make_prompts(NUM_PROMPTS, seed=1)
+
+
+def _dataset(prompts):
+    return Dataset.from_dict({"prompt": prompts, "prompt_id": list(range(len(prompts)))})
+
+
+def _config(tmp_path, **overrides):
+    options = dict(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        seed=0,
+        num_generations=NUM_GENERATIONS,
+        per_device_train_batch_size=ROWS,
+        max_completion_length=4,
+        max_steps=3,
+        learning_rate=1e-2,
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    options.update(overrides)
+    return GRPOConfig(**options)
+
+
+def _seeded_planner():
+    """A SERA planner that has already seen the 4 prompts with very different success rates."""
+    planner = sera_opt.RolloutPlanner("sera", min_rollouts=2, max_rollouts=10, offset=1)
+    history = {0: [0] * 8, 1: [1] + [0] * 7, 2: [1, 0] * 4, 3: [1] * 7 + [0]}
+    ids = [prompt_id for prompt_id, outcomes in history.items() for _ in outcomes]
+    outcomes = [value for values in history.values() for value in values]
+    planner.observe(ids, np.asarray(outcomes, dtype=float))
+    return planner
+
+
+class _RewardRecorder:
+    """Reward function that records every call (prompts and rewards, in row order)."""
+
+    __name__ = "copy_digit"
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, prompts, completions, **kwargs):
+        rewards = copy_digit_reward(prompts, completions)
+        self.calls.append(
+            {"prompts": list(prompts), "completions": list(completions), "rewards": rewards}
+        )
+        return rewards
+
+
+def _assert_nested_equal(left, right, path="state"):
+    if isinstance(left, dict):
+        assert isinstance(right, dict) and left.keys() == right.keys(), f"{path}: keys differ"
+        for key in left:
+            _assert_nested_equal(left[key], right[key], f"{path}[{key!r}]")
+    elif isinstance(left, (list, tuple)):
+        assert len(left) == len(right), f"{path}: lengths differ"
+        for index, (a, b) in enumerate(zip(left, right, strict=True)):
+            _assert_nested_equal(a, b, f"{path}[{index}]")
+    elif isinstance(left, (np.ndarray, torch.Tensor)):
+        np.testing.assert_array_equal(np.asarray(left), np.asarray(right), err_msg=path)
+    else:
+        assert left == right or (left != left and right != right), f"{path}: {left!r} != {right!r}"
+
+
+# --------------------------------------------------------------------------- the loss-type table
+
+
+def test_loss_type_table_matches_trl_gradients(tmp_path, tokenizer, prompts):
+    """Every loss_type's on-policy gradient is aggregate_loss(-A log pi, mask, mode) of the table."""
+    model = build_tiny_model(tokenizer)
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=copy_digit_reward,
+        args=_config(
+            tmp_path, max_completion_length=6, num_generations=2, per_device_train_batch_size=4
+        ),
+        train_dataset=_dataset(prompts),
+        processing_class=tokenizer,
+    )
+    trainer.model.eval()  # no dropout, and TRL's normalisers without gradient accumulation
+    generator = torch.Generator().manual_seed(0)
+    batch, prompt_length, completion_length = 5, 3, 6
+    prompt_ids = torch.randint(2, len(tokenizer), (batch, prompt_length), generator=generator)
+    completion_ids = torch.randint(
+        2, len(tokenizer), (batch, completion_length), generator=generator
+    )
+    lengths = torch.tensor([6, 1, 3, 4, 2])
+    completion_mask = (torch.arange(completion_length)[None, :] < lengths[:, None]).long()
+    advantages = torch.randn(batch, generator=generator)
+    inputs = {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": torch.ones_like(prompt_ids),
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
+        "advantages": advantages,
+        "num_items_in_batch": completion_mask.sum(),
+    }
+    params = [p for p in trainer.model.parameters() if p.requires_grad]
+    logps, _, _ = trainer._get_per_token_logps_and_entropies(
+        trainer.model,
+        torch.cat([prompt_ids, completion_ids], dim=1),
+        torch.cat([torch.ones_like(prompt_ids), completion_mask], dim=1),
+        completion_length,
+    )
+    checked = []
+    for loss_type, mode in sorted(LOSS_TYPE_TO_MODE.items()):
+        for level in ("token", "sequence"):
+            trainer.loss_type = loss_type
+            trainer.importance_sampling_level = level
+            # cispo multiplies by min(ratio, epsilon_high); trl recommends epsilon_high=5 for it.
+            trainer.epsilon_high = 5.0 if loss_type == "cispo" else 0.2
+            trl_grads = torch.autograd.grad(trainer._compute_loss(trainer.model, inputs), params)
+            reference = sera_opt.aggregate_loss(-advantages[:, None] * logps, completion_mask, mode)
+            if (
+                loss_type == "dr_grpo"
+            ):  # divides by sequences x max_completion_length instead of sequences
+                reference = reference / trainer.max_completion_length
+            reference_grads = torch.autograd.grad(reference, params, retain_graph=True)
+            for trl_grad, reference_grad in zip(trl_grads, reference_grads, strict=True):
+                label = f"{loss_type}/{level}"
+                torch.testing.assert_close(
+                    trl_grad,
+                    reference_grad,
+                    rtol=1e-4,
+                    atol=1e-7,
+                    msg=lambda m, label=label: f"{label}: {m}",
+                )
+            checked.append((loss_type, level))
+    assert len(checked) == 2 * len(LOSS_TYPE_TO_MODE)
+
+
+def test_loss_mode_rejects_unknown_loss_type():
+    with pytest.raises(SeraOptError, match="loss_type"):
+        loss_mode("ppo")
+    assert loss_mode("dapo") == "token-mean"
+
+
+def test_stable_prompt_id_is_deterministic_and_distinguishes_prompts():
+    assert stable_prompt_id("12:") == stable_prompt_id("12:")
+    assert stable_prompt_id("12:") != stable_prompt_id("21:")
+    conversation = [{"role": "user", "content": "hi"}]
+    assert stable_prompt_id(conversation) == stable_prompt_id([{"content": "hi", "role": "user"}])
+    assert 0 <= stable_prompt_id(conversation) < 2**63
+
+
+# ----------------------------------------------------------------------------- end to end
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tokenizer, prompts):
+    """Three optimizer steps of SeraGRPOTrainer, with a checkpoint after the third."""
+    output_dir = tmp_path_factory.mktemp("sera_grpo")
+    recorder = _RewardRecorder()
+    model = build_tiny_model(tokenizer)
+    before = [p.detach().clone() for p in model.parameters()]
+    trainer = _RecordingTrainer(
+        model=model,
+        reward_funcs=recorder,
+        args=_config(output_dir, save_strategy="steps", save_steps=3),
+        train_dataset=_dataset(prompts),
+        processing_class=tokenizer,
+        planner=_seeded_planner(),
+    )
+    trainer.train()
+    return {"trainer": trainer, "recorder": recorder, "before": before, "output_dir": output_dir}
+
+
+def test_three_optimizer_steps_ran(trained):
+    trainer = trained["trainer"]
+    assert trainer.state.global_step == 3
+    assert len(trained["recorder"].calls) == 3
+    assert len(trainer.sera_history) == 3
+    changed = [
+        not torch.equal(a, b.detach())
+        for a, b in zip(trained["before"], trainer.model.parameters())
+    ]
+    assert any(changed), "no parameter moved"
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    assert len(losses) == 3 and all(np.isfinite(losses))
+
+
+def test_completions_per_prompt_equal_allocated_counts(trained, prompts):
+    trainer, recorder = trained["trainer"], trained["recorder"]
+    saw_unequal_counts = False
+    for record, call in zip(trainer.sera_history, recorder.calls, strict=True):
+        allocated = dict(zip(record["prompt_ids"], record["allocated_counts"], strict=True))
+        assert sum(allocated.values()) == ROWS
+        # Counted independently, from the completions the reward function was given.
+        seen = Counter(call["prompts"])
+        assert {prompts.index(text): count for text, count in seen.items()} == allocated
+        assert record["generated_counts"] == record["allocated_counts"]
+        # Rows of one prompt are contiguous, in the planned order.
+        expected_rows = [prompts[i] for i, n in allocated.items() for _ in range(n)]
+        assert call["prompts"] == expected_rows
+        saw_unequal_counts |= len(set(record["allocated_counts"])) > 1
+    assert saw_unequal_counts, "the seeded planner should allocate unequal counts"
+
+
+def test_advantages_equal_maxrl_advantages_on_the_same_rewards(trained):
+    trainer, recorder = trained["trainer"], trained["recorder"]
+    for advantages, call in zip(trainer.recorded_advantages, recorder.calls, strict=True):
+        texts = call["prompts"]
+        index = torch.tensor([sorted(set(texts), key=texts.index).index(text) for text in texts])
+        rewards = torch.tensor(call["rewards"], dtype=torch.float32)
+        expected = sera_opt.maxrl_advantages(
+            rewards, index, estimator="mean_centred", multiplicity_correction=True
+        )
+        torch.testing.assert_close(advantages, expected.to(advantages.dtype))
+    assert any(bool((a != 0).any()) for a in trainer.recorded_advantages), (
+        "every advantage was zero"
+    )
+
+
+def test_diagnostics_are_logged_with_the_trainer_metrics(trained):
+    logged = [entry for entry in trained["trainer"].state.log_history if "loss" in entry]
+    for entry in logged:
+        for key in ("sera/min_factor", "sera/alignment_proxy", "sera/count_min", "sera/count_max"):
+            assert key in entry, f"{key} missing from {sorted(entry)}"
+        assert entry["sera/num_rollouts"] == ROWS
+        assert entry["sera/num_prompts"] == NUM_PROMPTS
+
+
+def test_planner_state_is_saved_and_restored(trained, tokenizer, prompts):
+    trainer = trained["trainer"]
+    checkpoint = trained["output_dir"] / "checkpoint-3"
+    path = checkpoint / PLANNER_STATE_FILE
+    assert path.exists()
+    saved = torch.load(path, weights_only=False)
+    _assert_nested_equal(saved, trainer.sera_planner.state_dict())
+
+    fresh_planner = sera_opt.RolloutPlanner("sera", min_rollouts=2, max_rollouts=10, offset=1)
+    resumed = SeraGRPOTrainer(
+        model=build_tiny_model(tokenizer),
+        reward_funcs=copy_digit_reward,
+        args=_config(trained["output_dir"], max_steps=4),
+        train_dataset=_dataset(prompts),
+        processing_class=tokenizer,
+        planner=fresh_planner,
+    )
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    assert resumed.state.global_step == 4
+    # The resumed planner started from the checkpoint and observed one more batch.
+    first = resumed.sera_history[0]
+    estimates_before = np.asarray(trainer.sera_planner.tracker.estimate(first["prompt_ids"]))
+    replay = sera_opt.RolloutPlanner("sera", min_rollouts=2, max_rollouts=10, offset=1)
+    replay.load_state_dict(saved)
+    np.testing.assert_allclose(
+        np.asarray(replay.tracker.estimate(first["prompt_ids"])), estimates_before
+    )
+    replay.observe(
+        np.repeat(first["prompt_ids"], first["allocated_counts"]).tolist(),
+        np.asarray(first["rewards"]),
+    )
+    _assert_nested_equal(replay.state_dict(), resumed.sera_planner.state_dict())
+
+
+def test_evaluation_uses_maxrl_advantages_on_uniform_groups(tmp_path, tokenizer, prompts):
+    recorder = _RewardRecorder()
+    trainer = _RecordingTrainer(
+        model=build_tiny_model(tokenizer),
+        reward_funcs=recorder,
+        args=_config(tmp_path, per_device_eval_batch_size=8, num_generations_eval=2),
+        train_dataset=_dataset(prompts),
+        eval_dataset=_dataset(prompts),
+        processing_class=tokenizer,
+        planner=_seeded_planner(),
+    )
+    metrics = trainer.evaluate()
+    assert np.isfinite(metrics["eval_loss"])
+    assert metrics["eval_sera/num_rollouts"] == 8 and metrics["eval_sera/num_prompts"] == 4
+    assert len(trainer.sera_history) == 0, "evaluation must not plan or observe"
+    call = recorder.calls[-1]
+    index = torch.arange(len(call["rewards"])) // 2
+    expected = sera_opt.maxrl_advantages(torch.tensor(call["rewards"]), index)
+    torch.testing.assert_close(trainer.recorded_advantages[-1], expected)
+
+
+# ----------------------------------------------------------------------- vLLM server mode
+
+
+class _FakeVLLMClient:
+    """Stands in for trl's VLLMClient: records each request and returns random completions."""
+
+    def __init__(self, eos_token_id, vocab_size):
+        self.requests = []
+        self.eos_token_id = eos_token_id
+        self.vocab_size = vocab_size
+        self.generator = np.random.default_rng(0)
+
+    def generate(self, prompts, features=None, n=1, **sampling_params):
+        self.requests.append({"prompts": [list(p) for p in prompts], "n": n})
+        completion_ids = []
+        for _ in prompts:
+            for _ in range(n):
+                length = int(self.generator.integers(1, 4))
+                tokens = self.generator.integers(2, self.vocab_size, size=length).tolist()
+                completion_ids.append([*tokens, self.eos_token_id])
+        logprobs = [[[-1.0] for _ in ids] for ids in completion_ids]
+        return {"prompt_ids": prompts, "completion_ids": completion_ids, "logprobs": logprobs}
+
+
+def test_vllm_server_mode_sends_one_request_per_planned_row(tmp_path, tokenizer, prompts):
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    trainer = SeraGRPOTrainer(
+        model=build_tiny_model(tokenizer),
+        reward_funcs=copy_digit_reward,
+        args=_config(tmp_path),
+        train_dataset=_dataset(prompts),
+        processing_class=tokenizer,
+        planner=_seeded_planner(),
+    )
+    client = _FakeVLLMClient(tokenizer.eos_token_id, len(tokenizer))
+    # TRL's own server-mode code path, with the HTTP client replaced.
+    generation = VLLMGeneration.__new__(VLLMGeneration)
+    generation.__dict__.update(
+        mode="server",
+        accelerator=trainer.accelerator,
+        vllm_client=client,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        min_p=None,
+        repetition_penalty=1.0,
+        max_completion_length=4,
+        logprobs=0,
+        structured_outputs_regex=None,
+        generation_kwargs={},
+        enable_sleep_mode=False,
+    )
+    generation.sync_weights = lambda: None
+    trainer.use_vllm = True
+    trainer.vllm_generation = generation
+    trainer.vllm_importance_sampling_correction = False
+    trainer._last_loaded_step = -1
+    trainer.model.train()
+
+    rows = [
+        {"prompt": text, "prompt_id": i}
+        for i, text in enumerate(prompts)
+        for _ in range(NUM_GENERATIONS)
+    ]
+    output = trainer._generate_and_score_completions(rows)
+
+    record = trainer.sera_history[-1]
+    assert len(client.requests) == 1
+    request = client.requests[0]
+    assert request["n"] == 1, "server mode must ask for one completion per row"
+    assert len(request["prompts"]) == ROWS
+    token_counts = Counter(tuple(p) for p in request["prompts"])
+    expected = {
+        tuple(tokenizer(prompts[i])["input_ids"]): n
+        for i, n in zip(record["prompt_ids"], record["allocated_counts"], strict=True)
+    }
+    assert dict(token_counts) == expected
+    assert len(set(record["allocated_counts"])) > 1
+    assert record["generated_counts"] == record["allocated_counts"]
+    assert output["advantages"].shape == (ROWS,)
+
+
+# ------------------------------------------------------------------------------ rejections
+
+
+def test_rejects_configurations_it_cannot_honour(tmp_path, tokenizer, prompts):
+    common = dict(
+        model=build_tiny_model(tokenizer),
+        reward_funcs=copy_digit_reward,
+        train_dataset=_dataset(prompts),
+        processing_class=tokenizer,
+        planner=_seeded_planner(),
+    )
+    with pytest.raises(SeraOptError, match="rollout_func"):
+        SeraGRPOTrainer(args=_config(tmp_path), rollout_func=lambda prompts, trainer: {}, **common)
+    with pytest.raises(SeraOptError, match="multi_objective_aggregation"):
+        SeraGRPOTrainer(
+            args=_config(tmp_path, multi_objective_aggregation="normalize_then_sum"), **common
+        )
+    with pytest.raises(SeraOptError, match="estimator"):
+        SeraGRPOTrainer(args=_config(tmp_path), estimator="mean", **common)
+    with pytest.raises(SeraOptError, match="GRPOConfig"):
+        SeraGRPOTrainer(args=None, **common)
+    config = _config(tmp_path)
+    config.loss_type = "ppo"
+    with pytest.raises(SeraOptError, match="loss_type"):
+        SeraGRPOTrainer(args=config, **common)
+
+
+def test_rejects_prompt_groups_split_across_processes(tmp_path):
+    config = _config(
+        tmp_path, per_device_train_batch_size=12
+    )  # 12 rows = 3 prompts of 4 on one process
+    check_grpo_config(config)
+    # On 2 processes the same generation batch gives 6 rows per process: 1.5 prompts.
+    with mock.patch.object(
+        GRPOConfig, "world_size", new_callable=mock.PropertyMock, return_value=2
+    ):
+        with pytest.raises(SeraOptError, match="multiple of"):
+            check_grpo_config(config)
+
+
+def test_rejects_other_trl_releases(tmp_path):
+    with mock.patch("trl.__version__", "1.17.0"), pytest.raises(SeraOptError, match="trl"):
+        check_grpo_config(_config(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("reward", "message"),
+    [
+        (lambda prompts, completions, **kw: [None] * len(prompts), "no reward"),
+        (lambda prompts, completions, **kw: [0.5] * len(prompts), "binary"),
+    ],
+    ids=["unscorable", "non-binary"],
+)
+def test_rejects_rewards_maxrl_cannot_use(tmp_path, tokenizer, prompts, reward, message):
+    trainer = SeraGRPOTrainer(
+        model=build_tiny_model(tokenizer),
+        reward_funcs=reward,
+        args=_config(tmp_path, max_steps=1),
+        train_dataset=_dataset(prompts),
+        processing_class=tokenizer,
+        planner=_seeded_planner(),
+    )
+    with pytest.raises(SeraOptError, match=message):
+        trainer.train()
