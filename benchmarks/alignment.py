@@ -162,6 +162,7 @@ class Setting:
     success_probs: np.ndarray  # current policy, every prompt
     earlier_success_probs: np.ndarray
     tracker_estimates: np.ndarray  # posterior means after the earlier round
+    tracker_posterior: tuple[np.ndarray, np.ndarray] | None  # Beta (alpha, beta) per prompt
     batches: list[np.ndarray]
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -203,8 +204,13 @@ def prepare(config: AlignmentConfig) -> Setting:
         rewards = (history_rng.random((m_total, h)) < p_then[:, None]).astype(np.float64)
         tracker.update(np.repeat(ids, h), rewards.reshape(-1))
     estimates = np.asarray(tracker.estimate(ids), dtype=np.float64)
+    posterior = None
+    if hasattr(tracker, "posterior"):
+        alpha, beta = tracker.posterior(ids)
+        posterior = (np.asarray(alpha, dtype=np.float64), np.asarray(beta, dtype=np.float64))
     timings["tracker_s"] = time.perf_counter() - start
-    return Setting(inputs, labels, policies, p_now, p_then, estimates, batches, timings)
+    return Setting(inputs, labels, policies, p_now, p_then, estimates, posterior, batches,
+                   timings)
 
 
 # --------------------------------------------------------------------------- pieces
@@ -397,7 +403,14 @@ def _run(config: AlignmentConfig, *, show_progress: bool, sampled: bool, log) ->
                 if cache_key not in policy_cache:
                     policy_cache[cache_key] = _make_policy(method.policy, min_rollouts=lo,
                                                            max_rollouts=hi, offset=method.offset)
-                alloc = policy_cache[cache_key].allocate(sources[method.source], budget)
+                policy = policy_cache[cache_key]
+                if (method.source == "tracker" and setting.tracker_posterior is not None
+                        and getattr(policy, "accepts_posterior", False)):
+                    # Policies that reason about uncertainty get the whole posterior.
+                    alpha, beta = setting.tracker_posterior
+                    alloc = policy.allocate(None, budget, posterior=(alpha[batch], beta[batch]))
+                else:
+                    alloc = policy.allocate(sources[method.source], budget)
             except sera_opt.SeraOptError as exc:
                 failures.setdefault(method.key, {})[nbar] = str(exc)
                 continue
@@ -675,24 +688,44 @@ def _describe(payload: dict) -> str:
     )
 
 
+def _column_groups(payload: dict, c: int) -> list[list[str]]:
+    """Tables of at most a handful of columns: SERA variants, peers corrected, peers not."""
+    keys = list(dict.fromkeys(e["method"] for e in payload["results"] if e["offset"] == c))
+    uniform = f"uniform c={c}"
+    sera = [k for k in keys if k.startswith("sera/")]
+    peers = [k for k in keys if k not in sera and k != uniform]
+    groups = [sera[:4], sera[4:],
+              [k for k in peers if "/corrected" in k],
+              [k for k in peers if "/uncorrected" in k]]
+    return [[uniform] + g for g in groups if g]
+
+
 def _print_report(payload: dict, *, sampled: bool, columns: dict[int, list[str]] | None = None):
     print(_describe(payload))
     for c in payload["config"]["offsets"]:
-        keys = None if columns is None else columns.get(c)
-        if keys is None:
-            keys = [e["method"] for e in payload["results"] if e["offset"] == c]
-            keys = list(dict.fromkeys(keys))
+        groups = ([columns[c]] if columns is not None and c in columns
+                  else _column_groups(payload, c))
         print()
         print(f"Cosine similarity with the exact likelihood gradient, {ESTIMATORS[c]} "
               f"estimator (c={c}); cell: expected estimator"
               + (f" (sampled: mean±sd over {payload['config']['draws']} draws x "
                  f"{payload['config']['num_batches']} batches)" if sampled else ""))
-        print(format_table(payload, keys, sampled=sampled))
+        for keys in groups:
+            print(format_table(payload, keys, sampled=sampled))
+            print()
 
 
-def _parser(prog: str, description: str) -> argparse.ArgumentParser:
-    parser = _harness.common_parser(NAME, description)
-    parser.prog = prog
+def _parser(prog: str, description: str, *, for_demo: bool = False) -> argparse.ArgumentParser:
+    if for_demo:
+        # The demo is always the quick preset and writes nothing unless asked.
+        parser = argparse.ArgumentParser(prog=prog, description=description)
+        parser.add_argument("--out", type=Path, default=None,
+                            help="also write the results as demo.json into this folder")
+        parser.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+        parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    else:
+        parser = _harness.common_parser(NAME, description)
+        parser.prog = prog
     parser.add_argument("--budgets", type=int, nargs="+",
                         help="average rollouts per prompt (default: 2 4 8 16 32 64)")
     parser.add_argument("--draws", type=int, help="sampled draws per batch and method")
@@ -702,7 +735,9 @@ def _parser(prog: str, description: str) -> argparse.ArgumentParser:
                         help="rollouts per prompt in the earlier round that feeds the tracker")
     parser.add_argument("--max-ratio", type=int,
                         help="max_rollouts = this * budget per prompt (default: 4)")
-    parser.add_argument("--peers", nargs="*", help=f"peer policies to compare (default: {PEERS})")
+    parser.add_argument("--peers", nargs="*",
+                        help=f"peer policies to compare (default: {' '.join(PEERS)}"
+                             + ("; the demo compares none unless asked)" if for_demo else ")"))
     parser.add_argument("--expected-only", action="store_true",
                         help="skip the sampled estimators (no torch estimator needed)")
     return parser
@@ -743,8 +778,8 @@ def demo(argv=None) -> int:
     """``sera-opt demo``: the quick alignment comparison, printed as a table."""
     parser = _parser("sera-opt demo",
                      "Quick comparison of SERA and uniform MaxRL: how well the gradient "
-                     "estimate aligns with the exact likelihood gradient of a digits classifier.")
-    parser.set_defaults(quick=True, out=None)
+                     "estimate aligns with the exact likelihood gradient of a digits classifier.",
+                     for_demo=True)
     args = parser.parse_args(argv)
     config = _config_from(args, QUICK)
     if args.peers is None:
@@ -763,7 +798,10 @@ def demo(argv=None) -> int:
         print("  " + line)
     if args.out is not None:
         _harness.write_json(args.out, "demo", payload)
-    print(f"({time.perf_counter() - start:.1f} s; full run: sera-opt bench alignment)")
+    t = payload["timings"]
+    print(f"({time.perf_counter() - start:.1f} s: training {t['train_s']:.1f} s, first allocation "
+          f"(numba compile or cache load) {t['first_allocate_s']:.1f} s. Full run with the peers: "
+          f"sera-opt bench alignment)")
     return 0
 
 
