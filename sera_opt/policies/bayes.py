@@ -1,0 +1,206 @@
+"""Allocation under uncertainty: SERA on expected factors under Beta posteriors.
+
+THEORY.md section 5: counts are fixed before the rollouts are drawn, so a
+prompt's success probability is known only through a posterior. With
+``p_i ~ Beta(alpha_i, beta_i)`` the expected attenuation factor is
+
+    E[w_c(p_i, n)] = 1 - E[(1 - p_i)^(n - c)],
+    E[(1 - p)^m]   = prod_{j=0}^{m-1} (beta + j) / (alpha + beta + j),
+
+still increasing in ``n``, so the exact greedy of the separable engine
+applies to its lexicographic max-min.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import replace
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..exceptions import SeraOptError
+from ..problem import AllocationProblem
+from ..result import Allocation
+from ..solvers.separable import BetaLevels, PointLevels, validate_beta_posterior
+from .base import AllocationPolicy, register_policy
+
+__all__ = ["PosteriorPolicy", "SERABayesPolicy", "expected_factors"]
+
+DEFAULT_PRIOR_STRENGTH = 8.0
+
+
+def expected_factors(alpha, beta, counts, offset: int = 0) -> np.ndarray:
+    """``E[w_c(p, n)]`` for ``p ~ Beta(alpha, beta)``, elementwise (float64).
+
+    ``alpha = 0`` is a point mass at ``p = 0`` (factor 0) and ``beta = 0`` one
+    at ``p = 1`` (factor 1 once ``n > c``).
+    """
+    a, b = validate_beta_posterior(alpha, beta)
+    levels = BetaLevels(a, b, offset=offset).terms(np.asarray(counts, dtype=np.int64))
+    return -np.expm1(-levels)
+
+
+def _validate_strength(prior_strength) -> float:
+    try:
+        s = float(prior_strength)
+    except (TypeError, ValueError):
+        raise SeraOptError(
+            f"prior_strength must be a positive number (or inf), got {prior_strength!r}."
+        ) from None
+    if not s > 0:
+        raise SeraOptError(
+            f"prior_strength must be > 0 (the pseudo-count behind each success "
+            f"probability), got {prior_strength!r}; use inf for point estimates."
+        )
+    return s
+
+
+class PosteriorPolicy(AllocationPolicy):
+    """Base of the policies whose objective is an expectation under Beta posteriors.
+
+    :meth:`allocate` takes the posterior as ``posterior=(alpha, beta)``, for
+    example ``tracker.posterior(prompt_ids)`` (:class:`sera_opt.RolloutPlanner`
+    passes it). Without one, ``success_probs`` are read as posterior means with
+    ``prior_strength`` pseudo-counts: ``p_i ~ Beta(s p_i, s (1 - p_i))``. The
+    default ``s = 8`` is the evidence of one group of eight rollouts; ``s =
+    inf`` treats the probabilities as exact.
+
+    Parameters
+    ----------
+    prior_strength : float, default 8
+        Pseudo-count ``s`` used when no posterior is given (> 0, may be inf).
+    min_rollouts, max_rollouts, offset
+        See :class:`AllocationPolicy`.
+    """
+
+    accepts_posterior: ClassVar[bool] = True
+
+    def __init__(self, *, prior_strength: float = DEFAULT_PRIOR_STRENGTH, min_rollouts=None,
+                 max_rollouts=None, offset: int = 0):
+        super().__init__(min_rollouts=min_rollouts, max_rollouts=max_rollouts, offset=offset)
+        self.prior_strength = _validate_strength(prior_strength)
+
+    def allocate(self, success_probs, budget, *, min_rollouts=None, max_rollouts=None,
+                 posterior=None) -> Allocation:
+        """Allocate ``budget`` rollouts.
+
+        Parameters
+        ----------
+        success_probs : array_like of shape (M,), or None
+            Success probabilities (posterior means when ``posterior`` is given;
+            ``None`` then means "the posterior's means").
+        budget : int
+            Total rollouts; the counts sum to it exactly.
+        min_rollouts, max_rollouts : int or array_like, optional
+            Override the policy's default bounds for this call.
+        posterior : tuple (alpha, beta) of array_like, optional
+            Beta posterior of each prompt's success probability.
+        """
+        if posterior is None:
+            if success_probs is None:
+                raise SeraOptError("pass success_probs, or posterior=(alpha, beta), or both.")
+            problem = self.problem(success_probs, budget, min_rollouts=min_rollouts,
+                                   max_rollouts=max_rollouts)
+            return self._allocate(problem)
+        try:
+            alpha, beta = posterior
+        except (TypeError, ValueError):
+            raise SeraOptError(
+                "posterior must be a pair (alpha, beta) of arrays, one entry per prompt."
+            ) from None
+        alpha, beta = validate_beta_posterior(alpha, beta)
+        means = alpha / (alpha + beta)
+        if success_probs is None:
+            success_probs = means
+        else:
+            p = np.asarray(success_probs)
+            if p.shape != means.shape:
+                raise SeraOptError(
+                    f"success_probs has shape {p.shape} but the posterior has {means.shape[0]} "
+                    f"prompts."
+                )
+            p = np.asarray(p, dtype=np.float64)
+            if not np.all(np.abs(p - means) <= 1e-6):
+                i = int(np.flatnonzero(~(np.abs(p - means) <= 1e-6))[0])
+                raise SeraOptError(
+                    f"success_probs must be the posterior means alpha / (alpha + beta) when a "
+                    f"posterior is given; at index {i} they are {p[i]!r} and {means[i]!r}. Pass "
+                    f"success_probs=None to use the means."
+                )
+        problem = self.problem(success_probs, budget, min_rollouts=min_rollouts,
+                               max_rollouts=max_rollouts)
+        return self._allocate_posterior(problem, alpha, beta)
+
+    def pseudo_posterior(self, success_probs) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(s p, s (1 - p))`` for the pseudo-count ``s``; ``None`` when ``s`` is inf."""
+        if math.isinf(self.prior_strength):
+            return None
+        p = np.asarray(success_probs, dtype=np.float64)
+        return self.prior_strength * p, self.prior_strength * (1.0 - p)
+
+    def _allocate(self, problem: AllocationProblem) -> Allocation:
+        post = self.pseudo_posterior(problem.success_probs)
+        if post is None:
+            return self._allocate_posterior(problem, None, None)
+        return self._allocate_posterior(problem, *post)
+
+    def _allocate_posterior(self, problem, alpha, beta) -> Allocation:
+        raise NotImplementedError
+
+    def _options(self) -> dict[str, Any]:
+        return {"prior_strength": self.prior_strength, **super()._options()}
+
+
+@register_policy
+class SERABayesPolicy(PosteriorPolicy):
+    """SERA on expected factors: equalize ``E[w_c(p_i, n_i)]`` under Beta posteriors.
+
+    Solves::
+
+        lexicographically maximize  sort_i( E[w_c(p_i, n_i)] ),  p_i ~ Beta(alpha_i, beta_i)
+        subject to  sum_i n_i = B,  lo_i <= n_i <= hi_i,  n_i integer,
+
+    through the levels ``l_i(n) = -log E[(1 - p_i)^(n - c)]`` (so the expected
+    factor is ``1 - exp(-l_i(n))``), which are increasing in ``n``: the
+    separable engine's greedy is exact. A point-mass posterior gives SERA's
+    level ``a_i (n - c)``; with ``prior_strength=inf`` and no posterior this
+    policy is SERA. A prompt that is still uncertain has a lower expected
+    factor than its mean suggests (Jensen), so it receives more rollouts than
+    SERA would give a prompt with the same point estimate.
+
+    Edges, as in SERA: ``alpha = 0`` (``p = 0`` for sure) has expected factor 0
+    whatever ``n`` and takes spare rollouts first (pinned at the maximum);
+    ``beta = 0`` (``p = 1``) keeps its minimum unless everything else is full.
+    Ties: the prompt whose next expected factor is highest, then fewer
+    rollouts, then the lower index.
+
+    ``Allocation.factors`` are the expected factors and ``Allocation.levels``
+    the levels ``l_i(n_i)``.
+
+    Parameters
+    ----------
+    prior_strength : float, default 8
+        Pseudo-count used when ``allocate`` gets no ``posterior`` (see
+        :class:`PosteriorPolicy`).
+    min_rollouts, max_rollouts, offset
+        See :class:`AllocationPolicy`.
+    """
+
+    name = "sera-bayes"
+
+    def _allocate_posterior(self, problem, alpha, beta) -> Allocation:
+        start = time.perf_counter()
+        if alpha is None:
+            objective = PointLevels(problem.success_probs, offset=problem.offset)
+        else:
+            objective = BetaLevels(alpha, beta, offset=problem.offset)
+        counts = objective.solve(problem.budget, problem.min_rollouts, problem.max_rollouts)
+        levels = objective.terms(counts)
+        factors = (-np.expm1(-levels)).astype(problem.dtype)
+        elapsed = time.perf_counter() - start
+        alloc = Allocation.from_counts(problem, counts, solver=self.name, wall_time=elapsed,
+                                       factors=factors, with_levels=False)
+        levels.setflags(write=False)
+        return replace(alloc, levels=levels)

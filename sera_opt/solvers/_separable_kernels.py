@@ -1,0 +1,869 @@
+"""numba kernels of the separable engine. Imported lazily: this module loads numba.
+
+Every objective the engine serves is written as *rows of marginal gains*:
+prompt ``i`` starts at ``lo_i`` rollouts and its step ``k -> k + 1``
+(``lo_i <= k < hi_i``) has gain ``g_i(k)``, non-increasing in ``k``. Handing
+out ``S = budget - sum(lo)`` rollouts one at a time to the largest available
+gain is exact for all three objective shapes:
+
+* maximize ``sum_i u_i(n_i)`` with ``u_i`` concave: ``g_i(k) = u_i(k + 1) - u_i(k)``;
+* minimize ``sum_i f_i(n_i)`` with ``f_i`` convex: ``g_i(k) = f_i(k) - f_i(k + 1)``;
+* lexicographic max-min of increasing levels ``l_i(n)``: ``g_i(k) = -l_i(k)``
+  (the prompt with the lowest level takes the next rollout).
+
+The one-at-a-time greedy takes exactly the ``S`` largest gains over all rows
+(row prefixes, because rows are non-increasing). The kernels find that set
+directly: a bracket ``(b, a]`` on the gain value with ``#{g > a} <= S <=
+#{g > b}``, narrowed by passes that count, per row, the gains above a value
+(a closed-form guess of the row's crossing, then a galloping search that
+settles it exactly with the gain function itself), until few gains remain in
+the bracket; those are collected and the ``S``-th largest is selected. For
+large ``M`` a strided subsample of the rows, solved first with the budget
+scaled, supplies the opening bracket.
+
+Ties exactly at the final threshold: for max-min objectives the step whose
+*next* level is highest goes first (the lexicographically better choice);
+then, for every objective, the lower current count ``k``, then the lower
+prompt index. Rows with a constant gain therefore share spare rollouts
+round-robin.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+POINT_LEVELS = 0  # max-min of a_i (n - c)                       (SERA)
+BETA_LEVELS = 1  # max-min of -log E[(1 - p)^(n - c)], Beta      (sera-bayes)
+KNAPSACK = 2  # max sum (1 - p^n - (1-p)^n) p (1-p)^2             (Knapsack RL)
+HIT_UTILITY = 3  # max sum 1 - E[(1 - p)^n], Beta (log gains)      (HORA)
+RLOO_VARIANCE = 4  # min sum a/(n - 1) + gamma log(p) n              (VIP)
+INVERSE_COUNT = 5  # min sum W / n                                   (GVM)
+POINT_HIT = 6  # max sum 1 - (1 - p)^n, point estimate (log gains)   (HORA, known p)
+
+# Collect the bracket's gains once it holds at most this many (or M / 8).
+_COLLECT_MIN = 65536
+# Below this many prompts the opening bracket comes from the rows' extremes;
+# above it, from a subsample of _SUBSAMPLE rows.
+_SUBSAMPLE_FROM = 32768
+_SUBSAMPLE = 4096
+# Newton rounds on the subsample's share, and how far each overshoots the
+# observed miss (so the bracket closes from both sides).
+_NEWTON_ROUNDS = 4
+_OVERSHOOT = 1.25
+
+_INF = np.inf
+_SIGN_FLIP = np.int64(0x7FFFFFFFFFFFFFFF)
+
+
+@njit(cache=True, error_model="numpy")
+def _key(x, fbuf, ibuf):
+    """Monotone map of a float64 (not NaN) to int64: x < y iff key(x) < key(y).
+
+    ``fbuf`` and ``ibuf`` are one float64 and its int64 view (a bit cast).
+    """
+    fbuf[0] = x
+    b = ibuf[0]
+    if b < 0:
+        b = b ^ _SIGN_FLIP
+    return b
+
+
+@njit(cache=True, error_model="numpy")
+def _unkey(k, fbuf, ibuf):
+    b = k
+    if b < 0:
+        b = b ^ _SIGN_FLIP
+    ibuf[0] = b
+    return fbuf[0]
+
+
+@njit(cache=True, error_model="numpy")
+def prepare(kind, p0, p1):
+    """The third parameter row: ``lgamma(alpha + beta) - lgamma(beta)`` for the Beta kinds."""
+    m = p0.shape[0]
+    p2 = np.zeros(m, dtype=np.float64)
+    if kind == BETA_LEVELS or kind == HIT_UTILITY:
+        for i in range(m):
+            a = p0[i]
+            b = p1[i]
+            if a > 0.0 and b > 0.0:
+                p2[i] = math.lgamma(a + b) - math.lgamma(b)
+    return p2
+
+
+@njit(cache=True, error_model="numpy")
+def gain(kind, x0, x1, x2, c, k):
+    """Gain of prompt's step ``k -> k + 1`` (see the module docstring)."""
+    if kind == POINT_LEVELS:
+        m = k - c
+        if m <= 0 or x0 == 0.0:
+            return 0.0
+        if x0 == _INF:
+            return -_INF
+        return 0.0 - x0 * m
+    if kind == BETA_LEVELS:
+        m = k - c
+        if m <= 0 or x0 == 0.0:
+            return 0.0
+        if x1 == 0.0:
+            return -_INF
+        return x2 + (math.lgamma(x1 + m) - math.lgamma(x0 + x1 + m))
+    if kind == KNAPSACK:
+        if x0 == 0.0:
+            return 0.0
+        if x0 == 1.0:
+            # p = 1 prompts take leftover budget only after p = 0 prompts.
+            return -1.0
+        q = 1.0 - x0
+        return x0 * q * q * (q * math.exp(k * x1) + x0 * math.exp(k * x2))
+    if kind == HIT_UTILITY:
+        if x0 == 0.0:
+            return -_INF
+        if x1 == 0.0:
+            return 0.0 if k == 0 else -_INF
+        return (x2 + (math.lgamma(x1 + k) - math.lgamma(x0 + x1 + k))
+                + math.log(x0 / (x0 + x1 + k)))
+    if kind == RLOO_VARIANCE:
+        if k <= 1:
+            return _INF if x0 > 0.0 else x1
+        return x0 / (float(k - 1) * float(k)) + x1
+    if kind == POINT_HIT:
+        # log of (1 - p)^k p, with x1 = log p and x2 = log(1 - p).
+        if x0 == 0.0:
+            return -_INF
+        if x0 == 1.0:
+            return 0.0 if k == 0 else -_INF
+        return k * x2 + x1
+    # INVERSE_COUNT
+    if x0 == 0.0:
+        return 0.0
+    if k <= 0:
+        return _INF
+    return x0 / (float(k) * float(k + 1))
+
+
+@njit(cache=True, error_model="numpy")
+def _guess(kind, x0, x1, x2, c, lam):
+    """Approximate first ``k`` with ``gain(k) <= lam`` (any float; clamped by the caller)."""
+    if kind == POINT_LEVELS:
+        if x0 == 0.0:
+            return _INF if lam < 0.0 else -_INF
+        if x0 == _INF:
+            return -_INF
+        return c - lam / x0
+    if kind == BETA_LEVELS:
+        if x0 == 0.0:
+            return _INF if lam < 0.0 else -_INF
+        if x1 == 0.0:
+            return -_INF
+        # Gamma(x) / Gamma(x + a) ~ (x + (a - 1) / 2) ** -a.
+        e = (x2 - lam) / x0
+        if e > 700.0:
+            return _INF
+        return c + math.exp(e) - x1 - 0.5 * (x0 - 1.0)
+    if kind == KNAPSACK:
+        if x0 == 0.0:
+            return _INF if lam < 0.0 else -_INF
+        if x0 == 1.0:
+            return _INF if lam < -1.0 else -_INF
+        if lam <= 0.0:
+            return _INF
+        q = 1.0 - x0
+        if x0 >= 0.5:
+            coef = x0 * q * q * q
+            lb = x1
+        else:
+            coef = x0 * x0 * q * q
+            lb = x2
+        return math.log(lam / coef) / lb
+    if kind == HIT_UTILITY:
+        if x0 == 0.0:
+            return -_INF
+        if x1 == 0.0:
+            return 1.0 if lam < 0.0 else 0.0
+        e = (x2 + math.log(x0) - lam) / (x0 + 1.0)
+        if e > 700.0:
+            return _INF
+        return math.exp(e) - x1 - 0.5 * x0
+    if kind == RLOO_VARIANCE:
+        d = lam - x1
+        if x0 == 0.0:
+            return _INF if d < 0.0 else -_INF
+        if d <= 0.0:
+            return _INF
+        return 0.5 * (1.0 + math.sqrt(1.0 + 4.0 * x0 / d))
+    if kind == POINT_HIT:
+        if x0 == 0.0:
+            return -_INF
+        if x0 == 1.0:
+            return 1.0 if lam < 0.0 else 0.0
+        return (lam - x1) / x2
+    # INVERSE_COUNT
+    if x0 == 0.0:
+        return _INF if lam < 0.0 else -_INF
+    if lam <= 0.0:
+        return _INF
+    return 0.5 * (math.sqrt(1.0 + 4.0 * x0 / lam) - 1.0)
+
+
+
+@njit(cache=True, error_model="numpy")
+def _crossing(kind, x0, x1, x2, c, lam, floor, ceil, start, g_below, g_ceil):
+    """First ``k`` in ``[floor, ceil)`` with ``gain(k) <= lam``, else ``ceil``.
+
+    Galloping search from ``start``, exact for non-increasing rows whatever
+    the quality of ``start``. ``g_below = gain(floor - 1)`` and ``g_ceil =
+    gain(ceil)`` are passed in (NaN when unknown). Returns ``(k, gain(k),
+    gain(k - 1))`` (the gains NaN when unknown).
+    """
+    if start < floor:
+        start = floor
+    elif start > ceil:
+        start = ceil
+    bottom = floor - 1
+    g_bot = g_below
+    top = ceil
+    g_top = g_ceil
+    # pred(k): k == ceil or gain(k) <= lam; false below the answer, true from it.
+    g_start = g_ceil if start == ceil else gain(kind, x0, x1, x2, c, start)
+    if start == ceil or g_start <= lam:
+        top = start
+        g_top = g_start
+        step = 1
+        while True:
+            cand = top - step
+            if cand < floor:
+                break
+            g = gain(kind, x0, x1, x2, c, cand)
+            if g <= lam:
+                top = cand
+                g_top = g
+                step *= 2
+            else:
+                bottom = cand
+                g_bot = g
+                break
+    else:
+        bottom = start
+        g_bot = g_start
+        step = 1
+        while True:
+            cand = bottom + step
+            if cand >= ceil:
+                break
+            g = gain(kind, x0, x1, x2, c, cand)
+            if g <= lam:
+                top = cand
+                g_top = g
+                break
+            bottom = cand
+            g_bot = g
+            step *= 2
+    while top - bottom > 1:
+        mid = bottom + (top - bottom) // 2
+        g = gain(kind, x0, x1, x2, c, mid)
+        if g <= lam:
+            top = mid
+            g_top = g
+        else:
+            bottom = mid
+            g_bot = g
+    return top, g_top, g_bot
+
+
+@njit(cache=True, error_model="numpy")
+def _count(kind, p0, p1, p2, c, lam, rows, na, a_next, a_last, nb, b_next, b_last,
+           out_n, out_next, out_last):
+    """Per row in ``rows``: ``out_n = lo + #{k: gain(k) > lam}``, which lies in
+    ``[na, nb]``, with the gains at ``out_n`` and ``out_n - 1``.
+
+    The gains cached at the bracket ends (``a_next = gain(na)``, ``a_last =
+    gain(na - 1)``, ``b_next``, ``b_last`` likewise; NaN when unknown) settle
+    most rows without evaluating anything. Returns ``sum(out_n - na)``.
+    """
+    total = 0
+    for j in range(rows.shape[0]):
+        i = rows[j]
+        an = a_next[i]
+        bl = b_last[i]
+        if an <= lam:
+            k = na[i]
+            nxt = an
+            lst = a_last[i]
+        elif bl > lam:
+            k = nb[i]
+            nxt = b_next[i]
+            lst = bl
+        else:
+            floor = na[i]
+            g_below = a_last[i]
+            if an > lam:
+                floor += 1
+                g_below = an
+            ceil = nb[i]
+            g_ceil = b_next[i]
+            if bl <= lam:
+                ceil -= 1
+                g_ceil = bl
+            g = _guess(kind, p0[i], p1[i], p2[i], c, lam)
+            if g != g or g <= floor:
+                start = floor
+            elif g >= ceil:
+                start = ceil
+            else:
+                start = np.int64(math.ceil(g))
+            k, nxt, lst = _crossing(kind, p0[i], p1[i], p2[i], c, lam, floor, ceil, start,
+                                    g_below, g_ceil)
+        out_n[i] = k
+        out_next[i] = nxt
+        out_last[i] = lst
+        total += k - na[i]
+    return total
+
+
+@njit(cache=True, error_model="numpy")
+def _active(na, nb, rows):
+    keep = 0
+    for j in range(rows.shape[0]):
+        i = rows[j]
+        if na[i] < nb[i]:
+            rows[keep] = i
+            keep += 1
+    return rows[:keep]
+
+
+@njit(cache=True, error_model="numpy")
+def _sift_down_min(a, start, end):
+    # Min-heap on a[start:end] rooted at `start` (heap offsets relative to it).
+    root = 0
+    n = end - start
+    while True:
+        child = 2 * root + 1
+        if child >= n:
+            return
+        if child + 1 < n and a[start + child + 1] < a[start + child]:
+            child += 1
+        if a[start + child] < a[start + root]:
+            t = a[start + child]
+            a[start + child] = a[start + root]
+            a[start + root] = t
+            root = child
+        else:
+            return
+
+
+@njit(cache=True, error_model="numpy")
+def _kth_largest(a, r):
+    """The ``r``-th largest value of ``a`` (1-based); reorders ``a``.
+
+    Three-way quickselect (median-of-three pivots, so runs of equal values
+    are cheap), falling back after 64 rounds to a size-r heap over the rest,
+    so the worst case stays O(N log N).
+    """
+    lo = 0
+    hi = a.shape[0] - 1
+    target = r - 1
+    for _ in range(64):
+        if lo >= hi:
+            return a[lo]
+        mid = lo + (hi - lo) // 2
+        x, y, z = a[lo], a[mid], a[hi]
+        if x > y:
+            x, y = y, x
+        if y > z:
+            y = z
+            if x > y:
+                y = x
+        pivot = y
+        lt = lo
+        i = lo
+        gt = hi
+        while i <= gt:
+            v = a[i]
+            if v > pivot:
+                a[i] = a[lt]
+                a[lt] = v
+                lt += 1
+                i += 1
+            elif v < pivot:
+                a[i] = a[gt]
+                a[gt] = v
+                gt -= 1
+            else:
+                i += 1
+        if target < lt:
+            hi = lt - 1
+        elif target <= gt:
+            return pivot
+        else:
+            lo = gt + 1
+    # Keep the (target - lo + 1) largest of a[lo:hi+1] in a min-heap.
+    size = target - lo + 1
+    for s in range(size // 2 - 1, -1, -1):
+        root_shift = s
+        # sift down from s within a[lo:lo+size]
+        root = root_shift
+        while True:
+            child = 2 * root + 1
+            if child >= size:
+                break
+            if child + 1 < size and a[lo + child + 1] < a[lo + child]:
+                child += 1
+            if a[lo + child] < a[lo + root]:
+                t = a[lo + child]
+                a[lo + child] = a[lo + root]
+                a[lo + root] = t
+                root = child
+            else:
+                break
+    for i in range(lo + size, hi + 1):
+        if a[i] > a[lo]:
+            a[lo] = a[i]
+            _sift_down_min(a, lo, lo + size)
+    return a[lo]
+
+
+@njit(cache=True, error_model="numpy")
+def _tie_before(e, f, nxt, step, owner, maxmin):
+    if maxmin and nxt[e] != nxt[f]:
+        return nxt[e] < nxt[f]
+    if step[e] != step[f]:
+        return step[e] < step[f]
+    return owner[e] < owner[f]
+
+
+@njit(cache=True, error_model="numpy")
+def _sort_ties(tied, nxt, step, owner, maxmin):
+    """Bottom-up merge sort of ``tied`` by the tie order (stable, O(T log T))."""
+    n = tied.shape[0]
+    src = tied.copy()
+    dst = np.empty_like(src)
+    width = 1
+    while width < n:
+        for left in range(0, n, 2 * width):
+            mid = min(left + width, n)
+            right = min(left + 2 * width, n)
+            i = left
+            j = mid
+            for o in range(left, right):
+                if i < mid and (j >= right or not _tie_before(src[j], src[i], nxt, step,
+                                                              owner, maxmin)):
+                    dst[o] = src[i]
+                    i += 1
+                else:
+                    dst[o] = src[j]
+                    j += 1
+        src, dst = dst, src
+        width *= 2
+    return src
+
+
+# Bracket state: integers (ca, cb, key_a, key_b, side, passes) and floats
+# (f_a, f_b) in two small arrays; per row the counts at both ends and the gains
+# cached around them; ``rows`` lists the rows with na < nb.
+_CA, _CB, _KEY_A, _KEY_B, _SIDE, _PASSES = 0, 1, 2, 3, 4, 5
+
+
+@njit(cache=True, error_model="numpy")
+def _init_state(kind, p0, p1, p2, c, lo, hi, extremes):
+    """Bracket (b, a] = (sentinel, +inf]; with ``extremes``, narrowed at once to
+    the rows' extreme gains (one evaluation at each end of every row)."""
+    m = lo.shape[0]
+    fbuf = np.empty(1, dtype=np.float64)
+    ibuf = fbuf.view(np.int64)
+    total = 0
+    rows = np.empty(m, dtype=np.int64)
+    r = 0
+    for i in range(m):
+        if hi[i] > lo[i]:
+            rows[r] = i
+            r += 1
+            total += hi[i] - lo[i]
+    rows = rows[:r]
+    na = lo.copy()
+    a_next = np.full(m, np.nan)
+    a_last = np.full(m, _INF)  # everything below lo is taken at any value
+    nb = hi.copy()
+    b_next = np.full(m, -_INF)  # nothing from hi on is ever taken
+    b_last = np.full(m, np.nan)
+    st_i = np.zeros(6, dtype=np.int64)
+    st_i[_CB] = total
+    st_i[_KEY_A] = _key(_INF, fbuf, ibuf)
+    st_i[_KEY_B] = _key(-_INF, fbuf, ibuf) - 1  # sentinel: below every gain
+    if extremes and r > 0:
+        _bound_ends(kind, p0, p1, p2, c, lo, hi, st_i, rows, na, a_next, nb, b_last)
+    st_f = np.zeros(2, dtype=np.float64)
+    work_n = np.empty(m, dtype=np.int64)
+    work_g = np.empty((2, m), dtype=np.float64)
+    return st_i, st_f, rows, na, a_next, a_last, nb, b_next, b_last, work_n, work_g
+
+
+@njit(cache=True, error_model="numpy")
+def _bound_ends(kind, p0, p1, p2, c, lo, hi, st_i, rows, na, a_next, nb, b_last):
+    """Replace an open end of the bracket by the rows' extreme gain.
+
+    At a = +inf every row sits at lo, and nothing lies above the largest
+    ``gain(lo)``; at the sentinel every row sits at hi, and everything lies
+    above the value just below the smallest ``gain(hi - 1)``.
+    """
+    fbuf = np.empty(1, dtype=np.float64)
+    ibuf = fbuf.view(np.int64)
+    open_a = st_i[_KEY_A] == _key(_INF, fbuf, ibuf)
+    open_b = st_i[_KEY_B] == _key(-_INF, fbuf, ibuf) - 1
+    top = -_INF
+    bottom = _INF
+    for j in range(rows.shape[0]):
+        i = rows[j]
+        if open_a:
+            g = a_next[i]
+            if g != g:
+                g = gain(kind, p0[i], p1[i], p2[i], c, lo[i])
+                a_next[i] = g
+            if g > top:
+                top = g
+        if open_b:
+            g = b_last[i]
+            if g != g:
+                g = gain(kind, p0[i], p1[i], p2[i], c, hi[i] - 1)
+                b_last[i] = g
+            if g < bottom:
+                bottom = g
+    if open_a and rows.shape[0] > 0:
+        st_i[_KEY_A] = _key(top, fbuf, ibuf)
+    if open_b and rows.shape[0] > 0 and bottom > -_INF:
+        st_i[_KEY_B] = _key(bottom, fbuf, ibuf) - 1
+
+
+@njit(cache=True, error_model="numpy")
+def _try_pass(kind, p0, p1, p2, c, spare, lam, st_i, st_f, rows, na, a_next, a_last, nb,
+              b_next, b_last, w_n, w_g):
+    """Count at ``lam`` and move the bracket end it replaces; returns the new
+    ``rows`` and the count (-1 if ``lam`` is not strictly inside the bracket)."""
+    fbuf = np.empty(1, dtype=np.float64)
+    ibuf = fbuf.view(np.int64)
+    if lam != lam:
+        return rows, np.int64(-1)
+    kl = _key(lam, fbuf, ibuf)
+    if not (st_i[_KEY_B] < kl < st_i[_KEY_A]):
+        return rows, np.int64(-1)
+    w_next = w_g[0]
+    w_last = w_g[1]
+    cnt = st_i[_CA] + _count(kind, p0, p1, p2, c, lam, rows, na, a_next, a_last, nb,
+                             b_next, b_last, w_n, w_next, w_last)
+    st_i[_PASSES] += 1
+    if cnt <= spare:
+        st_i[_KEY_A] = kl
+        st_i[_CA] = cnt
+        for j in range(rows.shape[0]):
+            i = rows[j]
+            na[i] = w_n[i]
+            a_next[i] = w_next[i]
+            a_last[i] = w_last[i]
+        st_f[0] = float(spare - cnt)
+        if st_i[_SIDE] == 1:
+            st_f[1] *= 0.5
+        st_i[_SIDE] = 1
+    else:
+        st_i[_KEY_B] = kl
+        st_i[_CB] = cnt
+        for j in range(rows.shape[0]):
+            i = rows[j]
+            nb[i] = w_n[i]
+            b_next[i] = w_next[i]
+            b_last[i] = w_last[i]
+        st_f[1] = float(spare - cnt)
+        if st_i[_SIDE] == -1:
+            st_f[0] *= 0.5
+        st_i[_SIDE] = -1
+    return _active(na, nb, rows), cnt
+
+
+@njit(cache=True, error_model="numpy")
+def _settled(st_i, spare, limit):
+    return (st_i[_CA] == spare or st_i[_CB] - st_i[_CA] <= limit
+            or st_i[_KEY_B] >= st_i[_KEY_A] - 1)
+
+
+@njit(cache=True, error_model="numpy")
+def _narrow(kind, p0, p1, p2, c, lo, hi, spare, limit, st_i, st_f, rows, na, a_next, a_last,
+            nb, b_next, b_last, w_n, w_g):
+    """Regula falsi (Illinois) alternating with bisection on the bit order of
+    the gain value, until the bracket holds at most ``limit`` gains."""
+    fbuf = np.empty(1, dtype=np.float64)
+    ibuf = fbuf.view(np.int64)
+    _bound_ends(kind, p0, p1, p2, c, lo, hi, st_i, rows, na, a_next, nb, b_last)
+    st_f[0] = float(spare - st_i[_CA])
+    st_f[1] = float(spare - st_i[_CB])
+    for it in range(400):
+        if _settled(st_i, spare, limit):
+            break
+        key_a = st_i[_KEY_A]
+        key_b = st_i[_KEY_B]
+        lam = np.nan
+        va = _unkey(key_a, fbuf, ibuf)
+        vb = _unkey(key_b, fbuf, ibuf) if key_b >= _key(-_INF, fbuf, ibuf) else -_INF
+        f_a = st_f[0]
+        f_b = st_f[1]
+        if it % 2 == 0 and math.isfinite(va) and math.isfinite(vb) and f_a != f_b:
+            lam = va + (vb - va) * f_a / (f_a - f_b)
+            if lam == lam:
+                kl = _key(lam, fbuf, ibuf)
+                if not (key_b < kl < key_a):
+                    lam = np.nan
+        if lam != lam:
+            # Floor average without int64 overflow; strictly inside the bracket.
+            lam = _unkey((key_a >> 1) + (key_b >> 1) + (key_a & key_b & 1), fbuf, ibuf)
+        rows, _ = _try_pass(kind, p0, p1, p2, c, spare, lam, st_i, st_f, rows, na, a_next,
+                            a_last, nb, b_next, b_last, w_n, w_g)
+    return rows
+
+
+@njit(cache=True, error_model="numpy")
+def _finish(kind, p0, p1, p2, c, lo, hi, spare, maxmin, limit, st_i, rows, na, a_next, nb,
+            b_next, b_last):
+    """Select the remaining ``spare - ca`` gains from the bracket (b, a]."""
+    m = na.shape[0]
+    fbuf = np.empty(1, dtype=np.float64)
+    ibuf = fbuf.view(np.int64)
+    value_a = _unkey(st_i[_KEY_A], fbuf, ibuf)
+    need = spare - st_i[_CA]
+    if need == 0:
+        return na, value_a
+    n_bracket = st_i[_CB] - st_i[_CA]
+    if st_i[_KEY_B] >= st_i[_KEY_A] - 1 and n_bracket > max(limit, m):
+        # Every gain in the bracket equals value_a: a plateau of constant
+        # rows. Serve it by (k, index): the largest K with
+        # sum_i clip(K - na_i, 0, nb_i - na_i) <= need, then one more each in
+        # index order.
+        k_high = np.int64(0)
+        k_low = na[rows[0]]
+        for j in range(rows.shape[0]):
+            i = rows[j]
+            if na[i] < k_low:
+                k_low = na[i]
+            if nb[i] > k_high:
+                k_high = nb[i]
+        while k_low < k_high:
+            mid = k_low + (k_high - k_low + 1) // 2
+            s = 0
+            for j in range(rows.shape[0]):
+                i = rows[j]
+                s += min(max(mid - na[i], 0), nb[i] - na[i])
+            if s <= need:
+                k_low = mid
+            else:
+                k_high = mid - 1
+        counts = na.copy()
+        used = 0
+        for j in range(rows.shape[0]):
+            i = rows[j]
+            add = min(max(k_low - na[i], 0), nb[i] - na[i])
+            counts[i] += add
+            used += add
+        for j in range(rows.shape[0]):
+            if used == need:
+                break
+            i = rows[j]
+            if na[i] <= k_low and counts[i] == k_low and k_low < nb[i]:
+                counts[i] += 1
+                used += 1
+        return counts, value_a
+    # Collect the gains in the bracket and select the need-th largest.
+    vals = np.empty(n_bracket, dtype=np.float64)
+    owner = np.empty(n_bracket, dtype=np.int64)
+    step = np.empty(n_bracket, dtype=np.int64)
+    e = 0
+    for j in range(rows.shape[0]):
+        i = rows[j]
+        for k in range(na[i], nb[i]):
+            if k == na[i] and a_next[i] == a_next[i]:
+                g = a_next[i]
+            elif k == nb[i] - 1 and b_last[i] == b_last[i]:
+                g = b_last[i]
+            else:
+                g = gain(kind, p0[i], p1[i], p2[i], c, k)
+            vals[e] = g
+            owner[e] = i
+            step[e] = k
+            e += 1
+    threshold = _kth_largest(vals.copy(), need)
+    counts = na.copy()
+    above = 0
+    n_tied = 0
+    for e in range(n_bracket):
+        if vals[e] > threshold:
+            counts[owner[e]] += 1
+            above += 1
+        elif vals[e] == threshold:
+            n_tied += 1
+    left = need - above
+    tied = np.empty(n_tied, dtype=np.int64)
+    t = 0
+    for e in range(n_bracket):
+        if vals[e] == threshold:
+            tied[t] = e
+            t += 1
+    if left < n_tied:
+        nxt = np.zeros(n_bracket, dtype=np.float64)
+        if maxmin:
+            for t in range(n_tied):
+                e = tied[t]
+                i = owner[e]
+                if step[e] + 1 < nb[i]:
+                    nxt[e] = vals[e + 1]
+                elif nb[i] < hi[i] and b_next[i] == b_next[i]:
+                    nxt[e] = b_next[i]
+                else:
+                    # The cache holds -inf at hi (nothing is taken there); the
+                    # tie rule needs the real next level.
+                    nxt[e] = gain(kind, p0[i], p1[i], p2[i], c, step[e] + 1)
+        tied = _sort_ties(tied, nxt, step, owner, maxmin)
+    for t in range(left):
+        counts[owner[tied[t]]] += 1
+    return counts, threshold
+
+
+@njit(cache=True, error_model="numpy")
+def _select(kind, p0, p1, p2, c, lo, hi, spare, maxmin, stats):
+    """Counts of the ``spare`` largest gains (ties as in the module docstring),
+    opening on the rows' extreme gains.
+
+    Returns ``(counts, threshold)``: at most ``spare`` gains lie strictly
+    above ``threshold`` and at least ``spare`` at or above it. ``stats``
+    receives (passes, gains collected, rows active at the end).
+    """
+    total = 0
+    for i in range(lo.shape[0]):
+        total += hi[i] - lo[i]
+    if spare <= 0:
+        return lo.copy(), _INF
+    if spare >= total:
+        return hi.copy(), -_INF
+    limit = max(_COLLECT_MIN, lo.shape[0] >> 3)
+    st_i, st_f, rows, na, a_next, a_last, nb, b_next, b_last, w_n, w_g = _init_state(
+        kind, p0, p1, p2, c, lo, hi, True)
+    rows = _narrow(kind, p0, p1, p2, c, lo, hi, spare, limit, st_i, st_f, rows, na, a_next,
+                   a_last, nb, b_next, b_last, w_n, w_g)
+    stats[0] += st_i[_PASSES]
+    stats[1] = st_i[_CB] - st_i[_CA]
+    stats[2] = rows.shape[0]
+    return _finish(kind, p0, p1, p2, c, lo, hi, spare, maxmin, limit, st_i, rows, na, a_next,
+                   nb, b_next, b_last)
+
+
+@njit(cache=True, error_model="numpy")
+def solve(kind, p0, p1, p2, c, lo, hi, spare, maxmin, stats):
+    """Exact counts for ``spare`` rollouts over rows ``[lo, hi)`` (see module docstring).
+
+    For large ``M`` the first trial values come from a strided subsample of
+    ``_SUBSAMPLE`` rows solved exactly for its share of the budget; after each
+    full pass the share is corrected by the observed miss (a Newton step in
+    budget space, overshooting slightly so the bracket closes from both
+    sides). Each full pass after the first evaluates gains only in rows whose
+    count moves. ``stats`` (int64, length 4) receives (full passes, gains
+    collected, rows active at the end, subsample solves).
+    """
+    m = lo.shape[0]
+    total = 0
+    for i in range(m):
+        total += hi[i] - lo[i]
+    if spare <= 0:
+        return lo.copy()
+    if spare >= total:
+        return hi.copy()
+    if m < _SUBSAMPLE_FROM:
+        counts, _ = _select(kind, p0, p1, p2, c, lo, hi, spare, maxmin, stats)
+        return counts
+    limit = max(_COLLECT_MIN, m >> 3)
+    stride = m // _SUBSAMPLE
+    sub = np.arange(0, m, stride)
+    ms = sub.shape[0]
+    lo_s = lo[sub].copy()
+    hi_s = hi[sub].copy()
+    q0 = p0[sub].copy()
+    q1 = p1[sub].copy()
+    q2 = p2[sub].copy()
+    cap_s = 0
+    for j in range(ms):
+        cap_s += hi_s[j] - lo_s[j]
+    scale = ms / m
+    st_i, st_f, rows, na, a_next, a_last, nb, b_next, b_last, w_n, w_g = _init_state(
+        kind, p0, p1, p2, c, lo, hi, False)
+    share = spare * scale
+    sub_stats = np.zeros(3, dtype=np.int64)
+    for _ in range(_NEWTON_ROUNDS):
+        if _settled(st_i, spare, limit):
+            break
+        target = np.int64(round(share))
+        if target <= 0 or target >= cap_s:
+            break
+        _, lam = _select(kind, q0, q1, q2, c, lo_s, hi_s, target, maxmin, sub_stats)
+        stats[3] += 1
+        rows, cnt = _try_pass(kind, p0, p1, p2, c, spare, lam, st_i, st_f, rows, na, a_next,
+                              a_last, nb, b_next, b_last, w_n, w_g)
+        if cnt < 0:
+            break
+        share += _OVERSHOOT * (spare - cnt) * scale
+    rows = _narrow(kind, p0, p1, p2, c, lo, hi, spare, limit, st_i, st_f, rows, na, a_next,
+                   a_last, nb, b_next, b_last, w_n, w_g)
+    stats[0] += st_i[_PASSES]
+    stats[1] = st_i[_CB] - st_i[_CA]
+    stats[2] = rows.shape[0]
+    counts, _ = _finish(kind, p0, p1, p2, c, lo, hi, spare, maxmin, limit, st_i, rows, na,
+                        a_next, nb, b_next, b_last)
+    return counts
+
+
+@njit(cache=True, error_model="numpy")
+def values(kind, p0, p1, p2, c, counts):
+    """Per-prompt objective terms at ``counts``: levels (max-min kinds), utilities
+    (max-sum kinds) or costs (min-sum kinds)."""
+    m = counts.shape[0]
+    out = np.empty(m, dtype=np.float64)
+    for i in range(m):
+        n = counts[i]
+        x0 = p0[i]
+        x1 = p1[i]
+        x2 = p2[i]
+        if kind == POINT_LEVELS or kind == BETA_LEVELS:
+            out[i] = 0.0 - gain(kind, x0, x1, x2, c, n)
+        elif kind == KNAPSACK:
+            if x0 == 0.0 or x0 == 1.0:
+                out[i] = 0.0
+            else:
+                q = 1.0 - x0
+                # 1 - p^n - (1-p)^n, without cancellation when both are small.
+                hit = -math.expm1(n * x1) - math.exp(n * x2)
+                out[i] = hit * x0 * q * q
+        elif kind == HIT_UTILITY:
+            if x0 == 0.0:
+                out[i] = 0.0
+            elif x1 == 0.0:
+                out[i] = 1.0 if n >= 1 else 0.0
+            else:
+                out[i] = -math.expm1(x2 + math.lgamma(x1 + n) - math.lgamma(x0 + x1 + n))
+        elif kind == POINT_HIT:
+            if x0 == 0.0 or n <= 0:
+                out[i] = 0.0
+            elif x0 == 1.0:
+                out[i] = 1.0
+            else:
+                out[i] = -math.expm1(n * x2)
+        elif kind == RLOO_VARIANCE:
+            # x1 = -gamma log p, so the linear term is -x1 * n.
+            lin = -x1 * n if x1 != 0.0 else 0.0
+            if x0 == 0.0:
+                out[i] = lin
+            elif n <= 1:
+                out[i] = _INF
+            else:
+                out[i] = x0 / (n - 1.0) + lin
+        else:
+            if x0 == 0.0:
+                out[i] = 0.0
+            else:
+                out[i] = x0 / n
+    return out
