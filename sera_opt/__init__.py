@@ -32,6 +32,8 @@ from .result import Allocation
 from .solvers import Solver, available_solvers, get_solver, register_solver
 
 # --- tracking and planning (numpy only) ---
+from .planner import RolloutPlanner
+from .tracking import SuccessTracker
 # --- end tracking and planning ---
 
 # Names whose modules import torch: loaded on first access so that
