@@ -214,6 +214,8 @@ def main(argv=None) -> int:
                  "default": lambda r=r, i=i: sera_opt.maxrl_advantages(r, i)}
         rows = _summarise(*_time_rounds(small, max(7, rounds // 2), False), baseline)
         sweep.append({"rollouts": n, "prompts": m,
+                      "cpu_median_s": rows["default"]["cpu_median_s"],
+                      "baseline_cpu_median_s": rows[baseline]["cpu_median_s"],
                       "cpu_ratio": rows["default"]["cpu_ratio"],
                       "wall_ratio": rows["default"]["wall_ratio"],
                       "peak_bytes": _peak_bytes(torch, small["default"]),
@@ -248,7 +250,8 @@ def main(argv=None) -> int:
                   f"{row['page_faults_per_call']:7.0f} {memory[name] / 1e6:8.2f}")
     print("\nsweep (default path, " + ("freed memory retained" if retained else "default allocator") + "):")
     for row in sweep:
-        print(f"  N = {row['rollouts']:>9,}: CPU ratio {row['cpu_ratio']:.2f}, wall ratio "
+        print(f"  N = {row['rollouts']:>9,}: CPU {row['cpu_median_s'] * 1e3:.3f} ms vs "
+              f"{row['baseline_cpu_median_s'] * 1e3:.3f} ms, ratio {row['cpu_ratio']:.2f}, wall ratio "
               f"{row['wall_ratio']:.2f}, peak {row['peak_bytes'] / row['rollouts']:.1f} B/rollout "
               f"(index_add_: {row['baseline_peak_bytes'] / row['rollouts']:.1f})")
     print(f"\nwrote {path} and {figure}")

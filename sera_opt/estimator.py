@@ -288,8 +288,7 @@ def _check_loss_inputs(per_token_loss, mask, mode):
             f"loss per sequence use shape (N, 1)."
         )
     if mask is None:
-        return torch.ones((), dtype=per_token_loss.dtype, device=per_token_loss.device).expand_as(
-            per_token_loss)
+        return None
     mask = _as_tensor(mask, "mask", device=per_token_loss.device)
     if mask.shape != per_token_loss.shape:
         raise SeraOptError(
@@ -302,7 +301,7 @@ def _check_loss_inputs(per_token_loss, mask, mode):
         )
     if mask.is_complex():
         raise SeraOptError("mask must be bool or real 0/1 values, got a complex tensor.")
-    return mask.to(per_token_loss.dtype)
+    return mask
 
 
 def aggregate_loss(per_token_loss, mask=None, mode: str = "token-mean", *,
@@ -357,11 +356,19 @@ def aggregate_loss(per_token_loss, mask=None, mode: str = "token-mean", *,
     """
     mask = _check_loss_inputs(per_token_loss, mask, mode)
     dist, world = _world(process_group)
-    masked = per_token_loss * mask
+    # Token and sequence counts in float64 (float32 on MPS): a bfloat16 count
+    # would already be inexact beyond 256 tokens.
+    count_dtype = torch.float32 if per_token_loss.device.type == "mps" else torch.float64
+    if mask is None:
+        masked = per_token_loss
+        lengths = torch.full(per_token_loss.shape[:1], per_token_loss.shape[1],
+                             dtype=count_dtype, device=per_token_loss.device)
+    else:
+        masked = per_token_loss * mask.to(per_token_loss.dtype)
+        lengths = mask.sum(dim=1, dtype=count_dtype)
     if mode == "token-sum":
         loss = masked.sum()
         return loss * world if dist is not None else loss
-    lengths = mask.sum(dim=1)
     if mode == "token-mean":
         numerator = masked.sum()
         denominator = lengths.sum()
@@ -371,13 +378,15 @@ def aggregate_loss(per_token_loss, mask=None, mode: str = "token-mean", *,
             # An empty sequence has a zero numerator; dividing by 1 keeps it 0.
             per_sequence = per_sequence / torch.where(lengths != 0, lengths, 1)
         numerator = per_sequence.sum()
-        denominator = torch.count_nonzero(lengths).to(per_token_loss.dtype)
+        denominator = torch.count_nonzero(lengths).to(count_dtype)
     denominator = denominator.detach()
     if dist is not None:
         denominator = denominator.clone()
         dist.all_reduce(denominator, group=process_group)
         numerator = numerator * world
-    return numerator / denominator.clamp_min(torch.finfo(denominator.dtype).tiny)
+    # Nothing unmasked anywhere: the numerator is 0 and so is the loss.
+    loss = numerator / torch.where(denominator > 0, denominator, 1)
+    return loss.to(per_token_loss.dtype)
 
 
 def policy_gradient_loss(token_logprobs, advantages, mask=None, mode: str = "token-mean", *,

@@ -641,6 +641,19 @@ def test_loss_without_mask_and_with_empty_mask():
         loss.grad = None
 
 
+def test_fractional_mask_weights_and_low_precision_losses():
+    loss = torch.ones(2, 4)
+    weights = torch.tensor([[0.25, 0.25, 0, 0], [0, 0, 0, 0]])
+    # Token weights act as fractional tokens: T = 0.5, one non-empty sequence.
+    assert sera_opt.aggregate_loss(loss, weights, "token-mean").item() == 1.0
+    assert sera_opt.aggregate_loss(loss, weights, "seq-mean-token-sum").item() == 0.5
+    assert sera_opt.aggregate_loss(loss, weights, "seq-mean-token-mean").item() == 1.0
+    for dtype in (torch.float16, torch.bfloat16):
+        for mode in est.LOSS_MODES:
+            value = sera_opt.aggregate_loss(loss.to(dtype), weights, mode)
+            assert value.dtype == dtype
+
+
 def test_ppo_clip_surrogate():
     logp = torch.log(torch.tensor([[0.5, 0.2], [0.3, 0.3]], dtype=torch.float64)).requires_grad_()
     adv = torch.tensor([1.0, -1.0], dtype=torch.float64)
