@@ -1,0 +1,360 @@
+"""The learning side of the maze experiment: policy, rollouts, warm-up, MaxRL arms, evaluation.
+
+One *run* (a seed) draws its mazes, builds a policy, warms it up, and then
+trains one copy of the warmed-up policy per *arm* (an allocation rule) under
+the same rollout budget and the same sequence of training batches:
+
+1. **Warm-up (shared by all arms).** A few steps of on-policy imitation of the
+   shortest-path teacher (DAgger-style: the policy walks, the teacher labels
+   the states it visits). Kept short on purpose, so that the policy solves
+   small mazes and fails on large ones: per-maze success probabilities then
+   spread over (0, 1), which is the regime where allocation matters.
+2. **MaxRL training (one per arm).** Each step takes ``mazes_per_step`` training
+   mazes, asks the arm's :class:`sera_opt.RolloutPlanner` for counts summing
+   to ``budget = rollouts_per_maze * mazes_per_step``, walks that many
+   rollouts at once, turns the binary successes into advantages with
+   :func:`sera_opt.maxrl_advantages` (multiplicity correction on), forms the
+   loss with :func:`sera_opt.aggregate_loss` and takes an Adam step; the
+   planner's tracker then observes the successes.
+3. **Evaluation.** ``eval_samples`` rollouts on each held-out maze give the
+   unbiased pass@k for k = 1..k_max.
+
+Everything random comes from generators seeded by the run's seed, and each
+run uses one thread, so a run's numbers do not depend on how many runs go in
+parallel.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+
+from sera_opt.benchmarks import _harness
+from sera_opt.benchmarks._maze_env import MazeBatch, MazeEnv, generate_maze_sets
+
+__all__ = ["MazeConfig", "PRESETS", "make_policy", "rollout", "warm_up", "train_arm",
+           "evaluate", "run_seed_warmup", "run_arm"]
+
+
+@dataclass(frozen=True)
+class MazeConfig:
+    """Everything that defines a maze run (the JSON records it)."""
+
+    # mazes
+    sizes: tuple[int, int] = (3, 8)
+    num_train: int = 256
+    num_test: int = 128
+    min_path: int = 3
+    horizon: int = 48
+    view_radius: int = 2
+    # policy
+    hidden: int = 128
+    # warm-up (shared by the arms)
+    warmup_steps: int = 40
+    warmup_mazes: int = 64
+    warmup_lr: float = 3e-3
+    # MaxRL training (per arm)
+    steps: int = 120
+    mazes_per_step: int = 32
+    rollouts_per_maze: int = 8
+    min_rollouts: int = 2
+    max_rollouts: int = 32
+    lr: float = 1e-3
+    estimator: str = "mean_centred"
+    loss_mode: str = "seq-mean-token-sum"
+    multiplicity_correction: bool = True
+    arms: tuple[str, ...] = ("uniform", "sera", "knapsack")
+    # evaluation
+    eval_samples: int = 128
+    k_max: int = 64
+    eval_every: int = 40
+    curve_samples: int = 16
+    # runs
+    seeds: int = 3
+    device: str = "cpu"
+
+    def __post_init__(self):
+        from sera_opt.exceptions import SeraOptError
+
+        lo, hi = self.sizes
+        problems = []
+        if not 2 <= lo <= hi:
+            problems.append(f"sizes={self.sizes} must satisfy 2 <= min <= max")
+        if self.mazes_per_step > self.num_train or self.warmup_mazes > self.num_train:
+            problems.append("mazes_per_step and warmup_mazes cannot exceed num_train")
+        if not self.min_rollouts * self.mazes_per_step <= self.budget <= (
+                self.max_rollouts * self.mazes_per_step):
+            problems.append(f"rollouts_per_maze={self.rollouts_per_maze} must lie in "
+                            f"[min_rollouts, max_rollouts] = [{self.min_rollouts}, "
+                            f"{self.max_rollouts}]")
+        if self.estimator == "mean_centred" and self.min_rollouts < 2:
+            problems.append("the mean-centred estimator needs min_rollouts >= 2")
+        if not 1 <= self.k_max <= self.eval_samples:
+            problems.append(f"k_max={self.k_max} must lie in [1, eval_samples={self.eval_samples}]")
+        if self.curve_samples < 1 or self.seeds < 1 or self.steps < 1:
+            problems.append("curve_samples, seeds and steps must be positive")
+        if "uniform" not in self.arms:
+            problems.append(f"arms={self.arms} must include 'uniform', the baseline")
+        if problems:
+            raise SeraOptError("invalid maze configuration: " + "; ".join(problems) + ".")
+
+    @property
+    def budget(self) -> int:
+        return self.rollouts_per_maze * self.mazes_per_step
+
+    @property
+    def offset(self) -> int:
+        """The estimator's offset c (THEORY.md section 2)."""
+        return 1 if self.estimator == "mean_centred" else 0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["budget"] = self.budget
+        d["offset"] = self.offset
+        return d
+
+
+PRESETS: dict[str, MazeConfig] = {
+    "default": MazeConfig(),
+    "quick": MazeConfig(num_train=96, num_test=48, warmup_steps=20, steps=30,
+                        mazes_per_step=16, eval_samples=64, eval_every=15, seeds=3),
+    # For a GPU: more mazes, larger grids, a longer horizon and more steps.
+    "large": MazeConfig(sizes=(4, 12), num_train=2048, num_test=512, horizon=120,
+                        hidden=256, warmup_steps=80, warmup_mazes=256, steps=1000,
+                        mazes_per_step=128, eval_samples=256, eval_every=100, seeds=5),
+}
+
+
+def make_policy(observation_size: int, hidden: int):
+    """A two-hidden-layer MLP from a walker's observation to logits over the four moves."""
+    import torch.nn as nn
+
+    return nn.Sequential(
+        nn.Linear(observation_size, hidden), nn.ReLU(),
+        nn.Linear(hidden, hidden), nn.ReLU(),
+        nn.Linear(hidden, 4),
+    )
+
+
+def rollout(policy, env: MazeEnv, generator, *, teacher: bool = False, grad: bool = True):
+    """Walk every walker of ``env`` until all are done, sampling moves from ``policy``.
+
+    Returns
+    -------
+    log_probs : tensor (R, T)
+        Log-probability of each sampled move (the per-"token" terms of the score).
+    mask : bool tensor (R, T)
+        True where the walker was still walking at that step.
+    success : bool tensor (R,)
+    teacher_loss : tensor or None
+        With ``teacher=True``, the mean cross-entropy between the policy and the
+        shortest-path move over all visited states (the warm-up's loss).
+    """
+    import torch
+
+    obs = env.reset()
+    log_probs, masks, ce_terms = [], [], []
+    with torch.set_grad_enabled(grad):
+        for _ in range(env.horizon):
+            alive = ~env.done
+            if not bool(alive.any()):
+                break
+            logp_all = torch.log_softmax(policy(obs), dim=-1)
+            move = torch.multinomial(logp_all.detach().exp(), 1, generator=generator).squeeze(1)
+            if teacher:
+                expert = env.expert_moves()
+                ce_terms.append((-logp_all.gather(1, expert[:, None]).squeeze(1)) * alive)
+            log_probs.append(logp_all.gather(1, move[:, None]).squeeze(1))
+            masks.append(alive)
+            obs = env.step(move)
+    mask = torch.stack(masks, dim=1)
+    teacher_loss = None
+    if teacher:
+        teacher_loss = torch.stack(ce_terms, dim=1).sum() / mask.sum().clamp(min=1)
+    return torch.stack(log_probs, dim=1), mask, env.success.clone(), teacher_loss
+
+
+def _setup_torch(seed: int, device: str):
+    import torch
+
+    torch.manual_seed(seed)
+    torch.use_deterministic_algorithms(True)
+    if torch.device(device).type == "cpu":
+        # One thread per run: reproducible sums, and parallel runs do not compete.
+        torch.set_num_threads(1)
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed)
+    return torch, generator
+
+
+def _mazes(config: MazeConfig, seed: int):
+    train, test = generate_maze_sets(config.num_train, config.num_test, sizes=config.sizes,
+                                     min_path=config.min_path, seed=seed)
+    size = config.sizes[1]
+    return (MazeBatch(train, size=size, device=config.device),
+            MazeBatch(test, size=size, device=config.device))
+
+
+def warm_up(policy, train: MazeBatch, config: MazeConfig, rng: np.random.Generator, generator):
+    """On-policy imitation of the shortest-path teacher; returns the per-step teacher losses."""
+    import torch
+
+    optimizer = torch.optim.Adam(policy.parameters(), lr=config.warmup_lr)
+    losses = []
+    for _ in range(config.warmup_steps):
+        ids = rng.choice(train.num_mazes, size=config.warmup_mazes, replace=False)
+        env = MazeEnv(train, np.repeat(ids, 2), horizon=config.horizon,
+                      view_radius=config.view_radius)
+        _, _, _, loss = rollout(policy, env, generator, teacher=True)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def evaluate(policy, mazes: MazeBatch, config: MazeConfig, generator, *, samples: int,
+             chunk: int = 16384) -> np.ndarray:
+    """Successes out of ``samples`` rollouts on every maze of ``mazes`` (int array, shape (N,))."""
+    index = np.repeat(np.arange(mazes.num_mazes), samples)
+    successes = np.zeros(mazes.num_mazes, dtype=np.int64)
+    for start in range(0, len(index), chunk):
+        part = index[start:start + chunk]
+        env = MazeEnv(mazes, part, horizon=config.horizon, view_radius=config.view_radius)
+        _, _, success, _ = rollout(policy, env, generator, grad=False)
+        np.add.at(successes, part, success.cpu().numpy().astype(np.int64))
+    return successes
+
+
+def pass_at_k_curve(successes: np.ndarray, samples: int, k_max: int) -> np.ndarray:
+    """Mean over mazes of the unbiased pass@k, k = 1..k_max."""
+    ks = np.arange(1, k_max + 1)
+    table = _harness.pass_at_k(samples, successes[:, None], ks[None, :])
+    return table.mean(axis=0)
+
+
+def _seed_everything(config: MazeConfig, seed: int):
+    torch, generator = _setup_torch(seed, config.device)
+    train, test = _mazes(config, seed)
+    obs_size = (2 * config.view_radius + 1) ** 2 * 6 + 8
+    return torch, generator, train, test, obs_size
+
+
+def run_seed_warmup(config: MazeConfig, seed: int) -> dict:
+    """Warm up the policy of run ``seed``; returns its weights and the warm-up's record."""
+    start = time.perf_counter()
+    torch, generator, train, test, obs_size = _seed_everything(config, seed)
+    policy = make_policy(obs_size, config.hidden).to(config.device)
+    rng = np.random.default_rng([seed, 1])
+    losses = warm_up(policy, train, config, rng, generator)
+    eval_gen = torch.Generator(device=config.device)
+    eval_gen.manual_seed(seed + 10_000)
+    test_successes = evaluate(policy, test, config, eval_gen, samples=config.eval_samples)
+    train_successes = evaluate(policy, train, config, eval_gen, samples=config.curve_samples)
+    return {
+        "seed": seed,
+        "state_dict": {k: v.detach().cpu().clone() for k, v in policy.state_dict().items()},
+        "teacher_loss": losses,
+        "test_successes": test_successes,
+        "train_success_probs": train_successes / config.curve_samples,
+        "test_shortest_path": test.shortest_path.cpu().numpy(),
+        "pass_at_k": pass_at_k_curve(test_successes, config.eval_samples, config.k_max),
+        "wall_time": time.perf_counter() - start,
+    }
+
+
+def _planner(arm: str, config: MazeConfig):
+    import sera_opt
+
+    return sera_opt.RolloutPlanner(arm, tracker=sera_opt.SuccessTracker(),
+                                   min_rollouts=config.min_rollouts,
+                                   max_rollouts=config.max_rollouts, offset=config.offset)
+
+
+def train_arm(policy, planner, train: MazeBatch, test: MazeBatch, config: MazeConfig,
+              rng: np.random.Generator, generator, eval_generator, *,
+              show_progress: bool = False) -> dict:
+    """MaxRL training of ``policy`` with counts from ``planner``; returns the training curves.
+
+    One step is :func:`sera_opt.integrations.torch_loop.maxrl_step`: plan the
+    counts, walk the rollouts (each move's log-probability is one "token"), form
+    the multiplicity-corrected MaxRL loss, and let the planner observe the
+    successes.
+    """
+    import torch
+
+    from sera_opt.integrations import torch_loop
+
+    optimizer = torch.optim.Adam(policy.parameters(), lr=config.lr)
+    curves: dict[str, list] = {"success_rate": [], "maze_success_rate": [], "counts_max": [],
+                               "counts_std": [], "loss": [], "diagnostics": [],
+                               "eval_step": [], "eval_pass_at_1": [], "eval_pass_at_k_max": []}
+
+    def walk(plan):
+        env = MazeEnv(train, plan.row_prompt_ids, horizon=config.horizon,
+                      view_radius=config.view_radius)
+        log_probs, mask, success, _ = rollout(policy, env, generator)
+        return log_probs, success.to(torch.float32), mask
+
+    steps = _harness.progress(range(config.steps), desc="MaxRL steps", total=config.steps,
+                              enabled=show_progress)
+    for step in steps:
+        ids = rng.choice(train.num_mazes, size=config.mazes_per_step, replace=False)
+        out = torch_loop.maxrl_step(planner, ids, config.budget, walk, mode=config.loss_mode,
+                                    estimator=config.estimator,
+                                    multiplicity_correction=config.multiplicity_correction)
+        optimizer.zero_grad()
+        out.loss.backward()
+        optimizer.step()
+        rewards = out.rewards.cpu().numpy()
+        counts = out.plan.counts
+        per_maze = np.bincount(out.plan.prompt_index, weights=rewards,
+                               minlength=len(counts)) / counts
+        curves["success_rate"].append(float(rewards.mean()))
+        curves["maze_success_rate"].append(float(per_maze.mean()))
+        curves["counts_max"].append(int(counts.max()))
+        curves["counts_std"].append(float(counts.std()))
+        curves["loss"].append(float(out.loss.detach()))
+        curves["diagnostics"].append(out.diagnostics)
+        if config.eval_every and (step + 1) % config.eval_every == 0:
+            succ = evaluate(policy, test, config, eval_generator, samples=config.curve_samples)
+            curve = pass_at_k_curve(succ, config.curve_samples, config.curve_samples)
+            curves["eval_step"].append(step + 1)
+            curves["eval_pass_at_1"].append(float(curve[0]))
+            curves["eval_pass_at_k_max"].append(float(curve[-1]))
+    return curves
+
+
+def run_arm(config: MazeConfig, seed: int, arm: str, state_dict, show_progress: bool = False) -> dict:
+    """Train arm ``arm`` of run ``seed`` from the warmed-up ``state_dict``; evaluate it."""
+    start = time.perf_counter()
+    torch, generator, train, test, obs_size = _seed_everything(config, seed)
+    policy = make_policy(obs_size, config.hidden).to(config.device)
+    policy.load_state_dict(state_dict)
+    # The same batch sequence and sampling seed for every arm of a run.
+    rng = np.random.default_rng([seed, 2])
+    generator.manual_seed(seed + 1)
+    eval_gen = torch.Generator(device=config.device)
+    eval_gen.manual_seed(seed + 20_000)
+    planner = _planner(arm, config)
+    curves = train_arm(policy, planner, train, test, config, rng, generator, eval_gen,
+                       show_progress=show_progress)
+    eval_gen.manual_seed(seed + 30_000)
+    test_successes = evaluate(policy, test, config, eval_gen, samples=config.eval_samples)
+    return {
+        "seed": seed,
+        "arm": arm,
+        "curves": curves,
+        "test_successes": test_successes,
+        "pass_at_k": pass_at_k_curve(test_successes, config.eval_samples, config.k_max),
+        "wall_time": time.perf_counter() - start,
+    }
+
+
+def with_overrides(config: MazeConfig, **overrides) -> MazeConfig:
+    """``config`` with the given fields replaced (None values are ignored)."""
+    return replace(config, **{k: v for k, v in overrides.items() if v is not None})
+
+
