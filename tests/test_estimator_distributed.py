@@ -74,13 +74,12 @@ def _scenarios(rank, failures):
                            failures)
 
     # All rollouts on rank 0, none on rank 1 (an empty shard still joins the collectives).
-    for num_prompts in (None, counts.numel()):
+    for label, (prompt_ids, num_prompts) in id_maps.items():
         mine_all = torch.full_like(owner, 0) == rank
-        full = sera_opt.maxrl_advantages(rewards, ids, num_prompts=num_prompts)
-        shard = sera_opt.maxrl_advantages(rewards[mine_all], ids[mine_all],
+        full = sera_opt.maxrl_advantages(rewards, prompt_ids, num_prompts=num_prompts)
+        shard = sera_opt.maxrl_advantages(rewards[mine_all], prompt_ids[mine_all],
                                           num_prompts=num_prompts, process_group=group)
-        _check(torch.equal(shard, full[mine_all]),
-               f"empty shard (num_prompts={num_prompts}) differs", failures)
+        _check(torch.equal(shard, full[mine_all]), f"empty shard ({label}) differs", failures)
 
     # Group statistics and diagnostics are global.
     stats = sera_opt.group_statistics(rewards[mine], ids[mine], process_group=group)
