@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -141,6 +141,11 @@ class SeraTrainerMixin:
             self._sera_prompt_of_uid.pop(uid, None)
         metrics.update({f"sera/{name}": value for name, value in call.diagnostics.items()})
         metrics["sera/observed_rollouts"] = float(len(prompt_ids))
+        if observed:
+            # The diagnostics include verl's padding group; these are the planned prompts' counts only.
+            sizes = Counter(uid for uid in call.uids.tolist() if uid in observed).values()
+            metrics["sera/planned_min_count"] = float(min(sizes))
+            metrics["sera/planned_max_count"] = float(max(sizes))
 
     # -- 3. checkpoints --------------------------------------------------------------
 

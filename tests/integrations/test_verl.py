@@ -741,3 +741,253 @@ def test_trainer_modes_register_idempotently(sv):
         assert cls is classes[mode]
         assert issubclass(cls, get_trainer_cls(base))
     assert get_trainer_cls("sync") is PPOTrainerSync
+
+
+# ----------------------------------------------------------------------------
+# The sera_* trainer modes, on a real verl V1 trainer object (no workers started)
+# ----------------------------------------------------------------------------
+
+
+@pytest.mark.slow  # a fresh interpreter that imports verl
+def test_external_modules_hook_registers_the_estimator(sv):
+    """verl imports VERL_USE_EXTERNAL_MODULES while it initialises: no circular-import trouble."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import verl\n"
+            "from verl.trainer.ppo.core_algos import get_adv_estimator_fn\n"
+            "print(get_adv_estimator_fn('sera_maxrl').__module__)\n")
+    env = dict(os.environ, VERL_USE_EXTERNAL_MODULES="sera_opt.integrations.verl")
+    result = subprocess.run([sys.executable, "-W", "ignore", "-c", code], env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "sera_opt.integrations.verl"
+
+
+class FakeTransferQueue:
+    """The two TransferQueue calls of verl's V1 ``_compute_advantage``, over an in-memory table."""
+
+    def __init__(self, rows):
+        self.rows = rows
+        self.written = None
+
+    def kv_batch_get(self, keys, partition_id, select_fields=None):
+        from tensordict import NonTensorStack, TensorDict
+
+        assert [row["key"] for row in self.rows] == list(keys)
+        data = {}
+        for name in select_fields:
+            if name not in self.rows[0]:
+                continue
+            values = [row[name] for row in self.rows]
+            data[name] = (torch.nested.as_nested_tensor(values, layout=torch.jagged)
+                          if isinstance(values[0], torch.Tensor) else NonTensorStack(*values))
+        return TensorDict(data, batch_size=[len(self.rows)])
+
+    def kv_batch_put(self, keys, partition_id, fields=None, tags=None):
+        from transfer_queue import KVBatchMeta
+
+        self.written = fields
+        return KVBatchMeta(keys=list(keys), tags=[{} for _ in keys], partition_id=partition_id)
+
+
+def generated_rows(uids, counts, seed):
+    """One row per rollout, as the agent loop stores them: key uid_session_0, 0/1 reward on the last token."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for uid, n in zip(uids, counts, strict=True):
+        for session in range(n):
+            length = int(rng.integers(1, 6))
+            scores = torch.zeros(length)
+            scores[-1] = float(rng.random() < 0.5)
+            rows.append({"key": f"{uid}_{session}_0", "uid": uid, "rm_scores": scores,
+                         "response_mask": torch.ones(length, dtype=torch.int64)})
+    return rows
+
+
+def states_equal(a, b):
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(states_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(states_equal(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, (np.ndarray, torch.Tensor)):
+        return np.array_equal(np.asarray(a), np.asarray(b))
+    return a == b
+
+
+@pytest.fixture
+def trainer(sv, composed, tmp_path):
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+
+    from sera_opt.integrations import _verl_trainer
+
+    _, variant = composed
+    config = variant(trainer__default_local_dir=str(tmp_path),
+                     algorithm__sera_maxrl={"max_rollouts": 9})
+    trainer = _verl_trainer.SeraPPOTrainerSync(config)
+    # verl's constructor saw the base mode: the sync replay buffer, not the async one.
+    assert config.trainer.v1.trainer_mode == "sync"
+    assert type(trainer.replay_buffer) is ReplayBuffer
+    trainer.train_dataloader = [collated_prompts(6), collated_prompts(6, index=list(range(200, 206)))]
+    trainer.train_dataloader_it = None
+    trainer.global_steps = 1
+    prompt_ids, rewards = HISTORY
+    trainer.sera_planner.observe(prompt_ids, rewards)
+    return trainer
+
+
+def history():
+    """Earlier outcomes of prompts 100..105: success rates from 1/8 to 7/8, so their counts differ."""
+    prompt_ids, rewards = [], []
+    for i, successes in enumerate([1, 2, 4, 5, 6, 7]):
+        prompt_ids += [100 + i] * 8
+        rewards += [1.0] * successes + [0.0] * (8 - successes)
+    return prompt_ids, np.array(rewards)
+
+
+HISTORY = history()
+
+
+def reference_planner(sv, trainer):
+    planner = sv.build_planner(trainer.sera_options, trainer.sera_mean_count)
+    return planner.observe(*HISTORY)
+
+
+@needs_v1
+def test_trainer_plans_counts_that_reach_the_agent_loop(sv, trainer, monkeypatch):
+    from verl.utils import tensordict_utils as tu
+
+    reference = reference_planner(sv, trainer)
+    batch = trainer._next_train_batch()
+    prompt_ids = sv.prompt_ids_from_batch(batch)
+    assert prompt_ids == list(range(100, 106))
+    counts = tu.get(batch, "__rollout_n__")
+    assert sum(counts) == 6 * 4 and min(counts) >= 2 and max(counts) <= 9
+    assert counts[0] > counts[-1], "the hardest prompt should get more rollouts than the easiest"
+    np.testing.assert_array_equal(counts, reference.plan(prompt_ids, 24).counts)
+    uids = tu.get(batch, "uid")
+    sessions, _ = run_v1_agent_loop(batch, monkeypatch, default_n=4)
+    assert [sessions[uid] for uid in uids] == counts
+
+
+@needs_v1
+def test_trainer_advantage_step_observes_outcomes(sv, trainer, monkeypatch):
+    from verl.trainer.ppo.v1 import trainer_base
+    from verl.utils import tensordict_utils as tu
+
+    reference = reference_planner(sv, trainer)
+    batch = trainer._next_train_batch()
+    uids, counts = tu.get(batch, "uid"), tu.get(batch, "__rollout_n__")
+    prompt_ids = sv.prompt_ids_from_batch(batch)
+    rows = generated_rows(uids, counts, seed=7)
+    rows.append({"key": "padabc_0_0", "uid": "padabc", "rm_scores": torch.zeros(1),
+                 "response_mask": torch.zeros(1, dtype=torch.int64)})  # verl's padding row
+    fake = FakeTransferQueue(rows)
+    monkeypatch.setattr(trainer_base, "tq", fake)
+    from transfer_queue import KVBatchMeta
+
+    meta = KVBatchMeta(keys=[row["key"] for row in rows], tags=[{} for _ in rows], partition_id="train")
+    metrics = {}
+    trainer._compute_advantage(meta, metrics)
+
+    # verl wrote back the sera_maxrl advantages of the whole batch (padding group included).
+    codes, _ = sv.prompt_codes([row["uid"] for row in rows])
+    outcomes = torch.stack([row["rm_scores"].sum() for row in rows])
+    expected = sera_opt.maxrl_advantages(outcomes, torch.from_numpy(codes))
+    written = fake.written["advantages"].unbind()
+    assert len(written) == len(rows)
+    for k, row in enumerate(rows):
+        torch.testing.assert_close(written[k], expected[k] * row["response_mask"], rtol=0, atol=0)
+    assert any(torch.count_nonzero(w) for w in written)
+    assert len(set(counts)) > 1 and metrics["sera/max_count"] == max(counts)
+    assert metrics["sera/planned_min_count"] == min(counts) and metrics["sera/planned_max_count"] == max(counts)
+    assert metrics["sera/min_count"] == 1  # verl's padding group
+    assert metrics["sera/num_prompts"] == 7
+    assert metrics["sera/observed_rollouts"] == sum(counts)
+
+    # The planner saw the same evidence as a reference fed directly (padding skipped).
+    real = [row for row in rows if row["uid"] != "padabc"]
+    prompt_of_uid = dict(zip(uids, prompt_ids, strict=True))
+    reference.observe([prompt_of_uid[row["uid"]] for row in real],
+                      np.array([float(row["rm_scores"].sum()) for row in real]))
+    assert states_equal(trainer.sera_planner.state_dict(), reference.state_dict())
+    assert not states_equal(trainer.sera_planner.state_dict(), reference_planner(sv, trainer).state_dict())
+    assert trainer._sera_prompt_of_uid == {}
+
+
+@needs_v1
+def test_trainer_refuses_multi_output_sessions(sv, trainer):
+    from transfer_queue import KVBatchMeta
+
+    meta = KVBatchMeta(keys=["u1_0_0", "u1_0_1"], tags=[{}, {}], partition_id="train")
+    with pytest.raises(SeraOptError, match="several outputs"):
+        trainer._compute_advantage(meta, {})
+
+
+@needs_v1
+def test_trainer_checkpoints_the_planner(sv, trainer, monkeypatch, tmp_path):
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    # verl's own checkpoint code needs the worker groups; only the planner file is under test.
+    monkeypatch.setattr(PPOTrainer, "_save_checkpoint", lambda self: None)
+    trainer.sera_planner.observe([100, 100, 101, 102], np.array([1.0, 0.0, 0.0, 1.0]))
+    trainer.global_steps = 3
+    trainer._save_checkpoint()
+    path = tmp_path / "global_step_3" / "sera_planner.pt"
+    assert path.exists()
+
+    def resume(self):
+        self.global_steps = 3
+
+    monkeypatch.setattr(PPOTrainer, "_load_checkpoint", resume)
+    saved = trainer.sera_planner.state_dict()
+    trainer.sera_planner = sv.build_planner(trainer.sera_options, trainer.sera_mean_count)
+    assert not states_equal(trainer.sera_planner.state_dict(), saved)
+    trainer._load_checkpoint()
+    assert states_equal(trainer.sera_planner.state_dict(), saved)
+
+
+LAUNCH_OVERRIDES = [
+    "algorithm.adv_estimator=sera_maxrl", "trainer.v1.trainer_mode=sera_sync",
+    "actor_rollout_ref.rollout.n=4", "data.train_batch_size=8",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2", "trainer.n_gpus_per_node=1",
+]
+
+
+@needs_v1
+def test_launcher_hands_verl_a_task_runner_that_registers_first(sv, core_algos, monkeypatch):
+    from verl.trainer import main_ppo
+    from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
+
+    from sera_opt.integrations import _verl_trainer
+
+    launched = {}
+    monkeypatch.setattr(main_ppo, "run_ppo",
+                        lambda config, task_runner_class: launched.update(config=config, cls=task_runner_class))
+    _verl_trainer.launch(LAUNCH_OVERRIDES)
+    assert launched["config"].trainer.v1.trainer_mode == "sera_sync"
+    runner_cls = launched["cls"].__ray_actor_class__  # a Ray actor class; Ray is not started here
+    base = main_ppo.TaskRunnerV1.__ray_actor_class__
+    assert issubclass(runner_cls, base)
+
+    # Inside the task runner's process, run() registers everything before verl looks it up.
+    for mode in sv.TRAINER_MODES:
+        monkeypatch.delitem(TRAINER_REGISTRY, mode, raising=False)
+    monkeypatch.delitem(core_algos.ADV_ESTIMATOR_REGISTRY, "sera_maxrl")
+    seen = {}
+
+    def verl_run(self, config):
+        seen["modes"] = set(TRAINER_REGISTRY)
+        seen["estimator"] = core_algos.ADV_ESTIMATOR_REGISTRY.get("sera_maxrl")
+        return "trained"
+
+    monkeypatch.setattr(base, "run", verl_run)
+    assert runner_cls().run(launched["config"]) == "trained"
+    assert set(sv.TRAINER_MODES) <= seen["modes"]
+    assert seen["estimator"] is sv.compute_sera_maxrl_advantage
+
+    with pytest.raises(SeraOptError, match="loss_agg_mode"):
+        _verl_trainer.launch(LAUNCH_OVERRIDES + ["actor_rollout_ref.actor.loss_agg_mode=weird"])
