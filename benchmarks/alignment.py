@@ -620,7 +620,8 @@ def plot(payload: dict):
             if isinstance(entries[0][metric], dict):
                 ys = np.array([e[metric]["mean"] for e in entries])
                 sd = np.array([e[metric]["std"] for e in entries])
-                ax.fill_between(xs, ys - sd, ys + sd, color=colour, alpha=0.12)
+                if base in _STYLE and "uncorrected" not in base:  # bands for the main lines only
+                    ax.fill_between(xs, ys - sd, ys + sd, color=colour, alpha=0.1)
             else:
                 ys = np.array([e[metric] for e in entries])
             ax.plot(xs, ys, color=colour, linestyle=ls, marker=marker, lw=lw,
@@ -629,10 +630,11 @@ def plot(payload: dict):
         ax.set_xlabel("rollouts per prompt (budget / M)")
         ax.set_title(f"{title}, {ESTIMATORS[c].replace('_', '-')} (c={c})", fontsize=10)
         ax.grid(alpha=0.3)
-    axes[0, 1].legend(fontsize=7)
+    handles, names = axes[0, 1].get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncol=6, fontsize=9, frameon=False)
     fig.suptitle("Alignment of MaxRL gradient estimates with the exact likelihood gradient "
                  "(digits classifier)")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     return fig
 
 
