@@ -32,6 +32,7 @@ This module imports torch; ``import sera_opt`` does not import it.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,13 +41,14 @@ import numpy as np
 import torch
 
 import sera_opt
-from sera_opt.exceptions import SeraOptError
+from sera_opt.exceptions import SeraOptError, SeraOptWarning
 
 __all__ = [
     "LOSS_MODES",
     "MaxRLLoss",
     "RolloutPlan",
     "StepOutput",
+    "check_planner_offset",
     "maxrl_loss",
     "maxrl_step",
     "observe",
@@ -195,6 +197,40 @@ def _as_prompt_id_array(prompt_ids: Sequence[Any]) -> np.ndarray:
             "Give a prompt more rollouts through the planner instead of listing it twice."
         )
     return ids
+
+
+def check_planner_offset(planner: Any, estimator: str, *, stacklevel: int = 2) -> None:
+    """Warn when a SERA planner equalizes the factors of the other estimator.
+
+    SERA equalizes ``w_c(p, n) = 1 - (1 - p)^(n - c)`` for the offset ``c`` it was
+    built with; the estimator's attenuation has its own offset
+    (``sera_opt.ESTIMATOR_OFFSETS``: 1 for ``"mean_centred"``, 0 for
+    ``"success_average"``). With the wrong one the allocation equalizes the wrong
+    factors (and, for the mean-centred estimator with ``c = 0``, may give a prompt
+    a single rollout, which carries no signal).
+
+    Parameters
+    ----------
+    planner : sera_opt.RolloutPlanner
+        The planner; policies other than SERA's are not checked.
+    estimator : str
+        The MaxRL estimator the advantages use.
+    stacklevel : int
+        Passed to :func:`warnings.warn`.
+    """
+    expected = sera_opt.ESTIMATOR_OFFSETS.get(estimator)
+    policy = getattr(planner, "policy", None)
+    offset = getattr(policy, "offset", None)
+    if expected is None or offset is None or not str(getattr(policy, "name", "")).startswith("sera"):
+        return
+    if int(offset) != expected:
+        warnings.warn(
+            f"the planner's {policy.name!r} policy equalizes factors with offset {offset}, but the "
+            f"{estimator!r} estimator's attenuation has offset {expected}; build the planner with "
+            f"offset={expected}.",
+            SeraOptWarning,
+            stacklevel=stacklevel,
+        )
 
 
 def plan_rollouts(planner: Any, prompt_ids: Sequence[Any], budget: int) -> RolloutPlan:
@@ -440,6 +476,7 @@ def maxrl_step(
     StepOutput
         Call ``out.loss.backward()`` and step the optimizer.
     """
+    check_planner_offset(planner, estimator, stacklevel=3)
     plan = plan_rollouts(planner, prompt_ids, budget)
     log_probs, rewards, mask = _unpack_rollouts(rollout_fn(plan))
     result = maxrl_loss(

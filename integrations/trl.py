@@ -51,7 +51,7 @@ except ImportError as _error:  # pragma: no cover - depends on the environment
     ) from _error
 
 import sera_opt
-from sera_opt.integrations.torch_loop import RolloutPlan, plan_rollouts
+from sera_opt.integrations.torch_loop import RolloutPlan, check_planner_offset, plan_rollouts
 
 __all__ = [
     "LOSS_TYPE_TO_MODE",
@@ -277,6 +277,7 @@ class SeraGRPOTrainer(GRPOTrainer):
         self.sera_planner = (
             planner if planner is not None else default_planner(estimator, args.num_generations)
         )
+        check_planner_offset(self.sera_planner, estimator, stacklevel=3)
         self.sera_estimator = estimator
         self.sera_multiplicity_correction = bool(multiplicity_correction)
         self.sera_success_threshold = success_threshold

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -13,10 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sera_opt
-from sera_opt.exceptions import SeraOptError
+from sera_opt.exceptions import SeraOptError, SeraOptWarning
 from sera_opt.integrations.torch_loop import (
     LOSS_MODES,
     RolloutPlan,
+    check_planner_offset,
     maxrl_loss,
     maxrl_step,
     observe,
@@ -293,6 +295,18 @@ def test_maxrl_step_runs_the_whole_step(kind):
     assert planner.observed == [([7, 7, 7, 8, 8, 9, 9, 9], out.rewards.tolist())]
 
 
+def test_maxrl_step_warns_when_the_planner_offset_does_not_match_the_estimator():
+    planner = sera_opt.RolloutPlanner("sera", min_rollouts=2, max_rollouts=8, offset=0)
+    with pytest.warns(SeraOptWarning, match="offset=1") as caught:
+        maxrl_step(planner, [1, 2], 4, _rollout_fn("tuple2"))
+    assert caught[0].filename == __file__, "the warning must point at the caller"
+    # Matching offsets, or a policy without one to match, stay silent.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        maxrl_step(planner, [1, 2], 4, _rollout_fn("tuple2"), estimator="success_average")
+        check_planner_offset(sera_opt.RolloutPlanner("uniform", min_rollouts=2), "mean_centred")
+
+
 def test_maxrl_step_can_leave_the_planner_alone():
     planner = _FixedPlanner([1, 1])
     maxrl_step(planner, [1, 2], 2, _rollout_fn("tuple2"), update_planner=False)
@@ -316,7 +330,7 @@ def test_example_trains_the_tiny_policy():
     spec.loader.exec_module(example)
     history = example.train(steps=30, verbose=False)
     assert len(history) == 30
-    assert all(sum(record["counts"]) == 32 for record in history)
+    assert all(sum(record["counts"]) == 64 for record in history)
     assert any(len(set(record["counts"])) > 1 for record in history), (
         "SERA never moved off uniform counts"
     )

@@ -23,7 +23,7 @@ if has_module("trl"):
     from trl import GRPOConfig, GRPOTrainer
 
     import sera_opt
-    from sera_opt.exceptions import SeraOptError
+    from sera_opt.exceptions import SeraOptError, SeraOptWarning
     from sera_opt.integrations._trl_tiny import (
         build_tiny_model,
         build_tokenizer,
@@ -35,6 +35,7 @@ if has_module("trl"):
         PLANNER_STATE_FILE,
         SeraGRPOTrainer,
         check_grpo_config,
+        default_planner,
         loss_mode,
         stable_prompt_id,
     )
@@ -429,6 +430,102 @@ def test_vllm_server_mode_sends_one_request_per_planned_row(tmp_path, tokenizer,
     assert output["advantages"].shape == (ROWS,)
 
 
+# ------------------------------------------------------------------------ two processes
+
+_DDP_SCRIPT = """
+import json, os, sys
+os.environ["HF_HUB_OFFLINE"] = "1"
+import numpy as np, torch
+torch.set_num_threads(1)
+import sera_opt
+from datasets import Dataset
+from trl import GRPOConfig
+from sera_opt.integrations._trl_tiny import build_tiny_model, build_tokenizer, copy_digit_reward, make_prompts
+from sera_opt.integrations.trl import SeraGRPOTrainer
+
+calls = []
+def reward(prompts, completions, **kwargs):
+    rewards = copy_digit_reward(prompts, completions)
+    calls.append({"prompts": list(prompts), "rewards": rewards})
+    return rewards
+
+class Recording(SeraGRPOTrainer):
+    def __init__(self, *args, **kwargs):
+        self.advantages = []
+        super().__init__(*args, **kwargs)
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        self.advantages.append(output["advantages"].tolist())
+        return output
+
+tokenizer = build_tokenizer()
+prompts = make_prompts(8, seed=1)
+planner = sera_opt.RolloutPlanner("sera", min_rollouts=2, max_rollouts=8, offset=1)
+planner.observe([0] * 6 + [1] * 6, [0] * 6 + [1] * 6)
+config = GRPOConfig(output_dir=sys.argv[1], use_cpu=True, bf16=False, report_to="none", num_generations=4,
+                    per_device_train_batch_size=8, max_completion_length=4, max_steps=2, logging_steps=1,
+                    save_strategy="no", disable_tqdm=True, learning_rate=1e-2, dataloader_num_workers=0)
+trainer = Recording(model=build_tiny_model(tokenizer), reward_funcs=reward, args=config,
+                    train_dataset=Dataset.from_dict({"prompt": prompts, "prompt_id": list(range(8))}),
+                    processing_class=tokenizer, planner=planner)
+trainer.train()
+state = trainer.sera_planner.state_dict()["tracker"]
+rank = trainer.accelerator.process_index
+with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as handle:
+    json.dump({"calls": calls, "advantages": trainer.advantages, "history": list(trainer.sera_history),
+               "tracker": {k: np.asarray(v).tolist() for k, v in state.items() if k in ("keys", "successes", "failures")},
+               "log": [e for e in trainer.state.log_history if "loss" in e]}, handle)
+"""
+
+
+@pytest.mark.slow
+def test_two_processes_plan_locally_and_share_the_planner(tmp_path):
+    """torchrun, 2 CPU processes (gloo): per-process counts honoured, global advantages, identical planners."""
+    import json
+    import shutil
+    import subprocess
+
+    torchrun = shutil.which("torchrun")
+    if torchrun is None:
+        pytest.skip("torchrun is not on PATH")
+    script = tmp_path / "ddp_script.py"
+    script.write_text(_DDP_SCRIPT)
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    completed = subprocess.run(
+        [torchrun, "--standalone", "--nproc_per_node", "2", str(script), str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert ranks[0]["tracker"] == ranks[1]["tracker"], "the planners diverged across processes"
+    for step in range(2):
+        rewards, index, offset = [], [], 0
+        for rank in ranks:
+            call, record = rank["calls"][step], rank["history"][step]
+            texts = call["prompts"]
+            unique = sorted(set(texts), key=texts.index)
+            assert [texts.count(text) for text in unique] == record["allocated_counts"]
+            assert record["generated_counts"] == record["allocated_counts"]
+            assert sum(record["allocated_counts"]) == 8
+            rewards += call["rewards"]
+            index += [offset + unique.index(text) for text in texts]
+            offset += len(unique)
+        expected = sera_opt.maxrl_advantages(torch.tensor(rewards), torch.tensor(index))
+        actual = torch.tensor(ranks[0]["advantages"][step] + ranks[1]["advantages"][step])
+        torch.testing.assert_close(actual, expected)
+    assert any(
+        len(set(rank["history"][step]["allocated_counts"])) > 1
+        for rank in ranks
+        for step in range(2)
+    )
+    assert len(ranks[0]["log"]) == 2
+    assert all(entry["sera/num_rollouts"] == 16 for entry in ranks[0]["log"])
+    assert all(entry["sera/num_prompts"] == 4 for entry in ranks[0]["log"])
+
+
 # ------------------------------------------------------------------------------ rejections
 
 
@@ -454,6 +551,27 @@ def test_rejects_configurations_it_cannot_honour(tmp_path, tokenizer, prompts):
     config.loss_type = "ppo"
     with pytest.raises(SeraOptError, match="loss_type"):
         SeraGRPOTrainer(args=config, **common)
+
+
+def test_warns_when_the_planner_offset_does_not_match_the_estimator(tmp_path, tokenizer, prompts):
+    mismatched = sera_opt.RolloutPlanner("sera", min_rollouts=1, max_rollouts=10, offset=0)
+    with pytest.warns(SeraOptWarning, match="offset=1"):
+        SeraGRPOTrainer(
+            model=build_tiny_model(tokenizer),
+            reward_funcs=copy_digit_reward,
+            args=_config(tmp_path),
+            train_dataset=_dataset(prompts),
+            processing_class=tokenizer,
+            planner=mismatched,
+        )
+
+
+def test_default_planner_matches_the_estimator(tmp_path):
+    for estimator, offset in sera_opt.ESTIMATOR_OFFSETS.items():
+        planner = default_planner(estimator, num_generations=4)
+        assert planner.policy.offset == offset
+        assert planner.policy.min_rollouts == 1 + offset
+        assert planner.policy.max_rollouts == 16
 
 
 def test_rejects_prompt_groups_split_across_processes(tmp_path):
