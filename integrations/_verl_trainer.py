@@ -151,7 +151,9 @@ class SeraTrainerMixin:
 
     def _save_checkpoint(self):
         super()._save_checkpoint()
-        folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+        folder = os.path.join(
+            self.config.trainer.default_local_dir, f"global_step_{self.global_steps}"
+        )
         os.makedirs(folder, exist_ok=True)
         torch.save(self.sera_planner.state_dict(), os.path.join(folder, PLANNER_STATE_FILE))
 
@@ -164,8 +166,11 @@ class SeraTrainerMixin:
         if os.path.exists(path):
             self.sera_planner.load_state_dict(torch.load(path, weights_only=False))
         else:
-            logger.warning("no %s in %s: the rollout planner starts without history", PLANNER_STATE_FILE,
-                           folder)
+            logger.warning(
+                "no %s in %s: the rollout planner starts without history",
+                PLANNER_STATE_FILE,
+                folder,
+            )
 
 
 _UNKNOWN = object()
@@ -296,5 +301,7 @@ def launch(argv: Sequence[str] | None = None) -> None:
         use_critic=need_critic(config),
     )
     if not config.trainer.use_v1:
-        raise SeraOptError("sera_opt's verl launcher runs verl's V1 trainer: set trainer.use_v1=true.")
+        raise SeraOptError(
+            "sera_opt's verl launcher runs verl's V1 trainer: set trainer.use_v1=true."
+        )
     main_ppo.run_ppo(config, task_runner_class=_task_runner_class())

@@ -298,7 +298,8 @@ def prompt_codes(index: Any) -> tuple[np.ndarray, int]:
     table: dict[Any, int] = {}
     try:
         codes = np.fromiter(
-            (table.setdefault(value, len(table)) for value in values), dtype=np.int64,
+            (table.setdefault(value, len(table)) for value in values),
+            dtype=np.int64,
             count=len(values),
         )
     except TypeError as exc:
@@ -407,7 +408,10 @@ def compute_sera_maxrl_advantage(
         raise SeraOptError(
             "token_level_rewards must be a tensor of shape (responses, response_length)."
         )
-    if not isinstance(response_mask, torch.Tensor) or response_mask.shape != token_level_rewards.shape:
+    if (
+        not isinstance(response_mask, torch.Tensor)
+        or response_mask.shape != token_level_rewards.shape
+    ):
         raise SeraOptError(
             f"response_mask must be a tensor of the shape of token_level_rewards, "
             f"{tuple(token_level_rewards.shape)}."
@@ -529,8 +533,11 @@ def _check_counts(counts: Any, num_rows: int, *, minimum: int) -> np.ndarray:
         )
     if array.dtype == bool or not (
         np.issubdtype(array.dtype, np.integer)
-        or (np.issubdtype(array.dtype, np.floating) and np.all(np.isfinite(array))
-            and np.all(array == np.round(array)))
+        or (
+            np.issubdtype(array.dtype, np.floating)
+            and np.all(np.isfinite(array))
+            and np.all(array == np.round(array))
+        )
     ):
         raise SeraOptError(f"counts must be whole numbers of rollouts, got {counts!r}.")
     array = array.astype(np.int64)
@@ -693,7 +700,11 @@ def plan_rollout_counts(planner: Any, prompt_ids: Sequence[Any], mean_count: int
     numpy.ndarray of int64
         One count per prompt, summing to the budget.
     """
-    if isinstance(mean_count, bool) or not isinstance(mean_count, numbers.Integral) or mean_count < 1:
+    if (
+        isinstance(mean_count, bool)
+        or not isinstance(mean_count, numbers.Integral)
+        or mean_count < 1
+    ):
         raise SeraOptError(f"mean_count must be a positive integer, got {mean_count!r}.")
     budget = len(prompt_ids) * int(mean_count)
     allocation = planner.plan(list(prompt_ids), budget)
@@ -740,7 +751,11 @@ def check_trainer_config(config: Any) -> SeraMaxRLConfig:
             "actor_rollout_ref.actor.use_kl_loss=True instead."
         )
     mean_count = _select(config, "actor_rollout_ref.rollout.n")
-    if isinstance(mean_count, bool) or not isinstance(mean_count, numbers.Integral) or mean_count < 1:
+    if (
+        isinstance(mean_count, bool)
+        or not isinstance(mean_count, numbers.Integral)
+        or mean_count < 1
+    ):
         raise SeraOptError(
             f"actor_rollout_ref.rollout.n must be a positive integer (the mean count), got "
             f"{mean_count!r}."

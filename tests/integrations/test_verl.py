@@ -59,8 +59,11 @@ def compute_advantage(sv):
 def algorithm_config(adv_estimator="sera_maxrl", **sera_options):
     from omegaconf import OmegaConf
 
-    config = {"adv_estimator": adv_estimator, "use_kl_in_reward": False,
-              "norm_adv_by_std_in_grpo": True}
+    config = {
+        "adv_estimator": adv_estimator,
+        "use_kl_in_reward": False,
+        "norm_adv_by_std_in_grpo": True,
+    }
     if sera_options:
         config["sera_maxrl"] = sera_options
     return OmegaConf.create(config)
@@ -85,8 +88,10 @@ def make_batch(counts, outcomes, *, seed=0, width=7, shuffle=True, reward_scale=
     rewards[np.arange(len(prompt)), lengths - 1] = outcomes * reward_scale
     uids = np.array([f"uid-{i:04d}" for i in range(len(counts))], dtype=object)[prompt]
     batch = DataProto.from_dict(
-        tensors={"token_level_rewards": torch.from_numpy(rewards),
-                 "response_mask": torch.from_numpy(mask)},
+        tensors={
+            "token_level_rewards": torch.from_numpy(rewards),
+            "response_mask": torch.from_numpy(mask),
+        },
         non_tensors={"uid": uids},
     )
     return batch, torch.from_numpy(prompt), torch.from_numpy(outcomes)
@@ -108,13 +113,17 @@ def loop_reference(outcomes, prompt, estimator, correction):
         rbar = k / n
         scale = nbar / n if correction else 1.0
         for r in rows:
-            base = (outcomes[r] - rbar) / rbar if estimator == "mean_centred" else outcomes[r] / rbar
+            base = (
+                (outcomes[r] - rbar) / rbar if estimator == "mean_centred" else outcomes[r] / rbar
+            )
             out[r] = scale * base
     return out
 
 
 def group_means(values, prompt):
-    sums = torch.zeros(int(prompt.max()) + 1, dtype=torch.float64).index_add_(0, prompt, values.double())
+    sums = torch.zeros(int(prompt.max()) + 1, dtype=torch.float64).index_add_(
+        0, prompt, values.double()
+    )
     counts = torch.bincount(prompt).double()
     return (sums / counts)[prompt], counts[prompt]
 
@@ -186,14 +195,16 @@ def test_compute_advantage_equals_sera_opt(sv, compute_advantage, estimator, cor
     batch, prompt, rewards = make_batch(counts, outcomes, seed=3)
     config = algorithm_config(estimator=estimator, multiplicity_correction=correction)
     out = compute_advantage(batch, adv_estimator="sera_maxrl", config=config)
-    expected = sera_opt.maxrl_advantages(rewards, prompt, estimator=estimator,
-                                         multiplicity_correction=correction)
+    expected = sera_opt.maxrl_advantages(
+        rewards, prompt, estimator=estimator, multiplicity_correction=correction
+    )
     mask = batch.batch["response_mask"]
     torch.testing.assert_close(out.batch["advantages"], expected[:, None] * mask, rtol=0, atol=0)
     torch.testing.assert_close(out.batch["returns"], out.batch["advantages"], rtol=0, atol=0)
     reference = loop_reference(rewards, prompt, estimator, correction)
-    np.testing.assert_allclose(out.batch["advantages"].double().sum(-1) / mask.sum(-1),
-                               reference, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        out.batch["advantages"].double().sum(-1) / mask.sum(-1), reference, rtol=1e-6, atol=1e-6
+    )
 
 
 @settings(max_examples=30, deadline=None)
@@ -213,8 +224,9 @@ def test_compute_advantage_matches_loop_reference(sv, compute_advantage, counts,
     mask = batch.batch["response_mask"]
     assert torch.all(advantages[mask == 0] == 0), "advantages leak outside the response mask"
     per_row = advantages.double().sum(-1) / mask.sum(-1)
-    np.testing.assert_allclose(per_row, loop_reference(rewards, prompt, estimator, correction),
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        per_row, loop_reference(rewards, prompt, estimator, correction), rtol=1e-5, atol=1e-6
+    )
 
 
 def test_default_options_with_verl_algo_config(sv, compute_advantage):
@@ -222,25 +234,31 @@ def test_default_options_with_verl_algo_config(sv, compute_advantage):
     from verl.trainer.config import AlgoConfig
 
     batch, prompt, rewards = make_batch([2, 3, 4], [1, 0, 1, 1, 0, 0, 0, 0, 1])
-    out = compute_advantage(batch, adv_estimator="sera_maxrl", config=AlgoConfig(adv_estimator="sera_maxrl"))
+    out = compute_advantage(
+        batch, adv_estimator="sera_maxrl", config=AlgoConfig(adv_estimator="sera_maxrl")
+    )
     expected = sera_opt.maxrl_advantages(rewards, prompt)  # mean-centred, corrected
-    torch.testing.assert_close(out.batch["advantages"],
-                               expected[:, None] * batch.batch["response_mask"], rtol=0, atol=0)
+    torch.testing.assert_close(
+        out.batch["advantages"], expected[:, None] * batch.batch["response_mask"], rtol=0, atol=0
+    )
 
 
 def test_uniform_counts_coincide_with_grpo_and_rloo(sv, compute_advantage):
     """Uniform n: MaxRL = Dr.GRPO / rbar = RLOO (n - 1) / (n rbar); the correction is 1."""
     n, num_prompts = 6, 10
     rng = np.random.default_rng(5)
-    outcomes = (rng.random(n * num_prompts) < rng.random(n * num_prompts).repeat(1)).astype(np.float32)
+    outcomes = (rng.random(n * num_prompts) < rng.random(n * num_prompts).repeat(1)).astype(
+        np.float32
+    )
     outcomes[:n] = 0  # a prompt without success
-    outcomes[n:2 * n] = 1  # and one without failure
+    outcomes[n : 2 * n] = 1  # and one without failure
     batch, prompt, rewards = make_batch([n] * num_prompts, outcomes, seed=8)
     mask = batch.batch["response_mask"]
 
     def advantages(name, **kwargs):
-        out = compute_advantage(batch.slice(0, len(batch)), adv_estimator=name, config=algorithm_config(name),
-                                **kwargs)
+        out = compute_advantage(
+            batch.slice(0, len(batch)), adv_estimator=name, config=algorithm_config(name), **kwargs
+        )
         return out.batch["advantages"].double().sum(-1) / mask.sum(-1)
 
     sera = advantages("sera_maxrl")
@@ -252,10 +270,14 @@ def test_uniform_counts_coincide_with_grpo_and_rloo(sv, compute_advantage):
     std = (rbar * (1 - rbar) * n / (n - 1)).sqrt()
     for name in ("grpo", "grpo_vectorized"):
         grpo = advantages(name)
-        expected = torch.where(rbar > 0, grpo * (std + 1e-6) / rbar.clamp_min(1e-12), torch.zeros_like(rbar))
+        expected = torch.where(
+            rbar > 0, grpo * (std + 1e-6) / rbar.clamp_min(1e-12), torch.zeros_like(rbar)
+        )
         torch.testing.assert_close(sera, expected, rtol=1e-5, atol=1e-5)
     rloo = advantages("rloo")
-    expected = torch.where(rbar > 0, rloo * (n - 1) / (n * rbar.clamp_min(1e-12)), torch.zeros_like(rbar))
+    expected = torch.where(
+        rbar > 0, rloo * (n - 1) / (n * rbar.clamp_min(1e-12)), torch.zeros_like(rbar)
+    )
     torch.testing.assert_close(sera, expected, rtol=1e-6, atol=1e-6)
     assert torch.count_nonzero(sera) > 0
 
@@ -266,14 +288,21 @@ def test_heterogeneous_counts_are_grpo_times_the_correction(sv, compute_advantag
     outcomes = (rng.random(sum(counts)) < 0.5).astype(np.float32)
     batch, prompt, rewards = make_batch(counts, outcomes, seed=2)
     mask = batch.batch["response_mask"]
-    sera = compute_advantage(batch.slice(0, len(batch)), adv_estimator="sera_maxrl",
-                             config=algorithm_config()).batch["advantages"]
-    grpo = compute_advantage(batch.slice(0, len(batch)), adv_estimator="grpo", config=algorithm_config("grpo"),
-                             norm_adv_by_std_in_grpo=False).batch["advantages"]
+    sera = compute_advantage(
+        batch.slice(0, len(batch)), adv_estimator="sera_maxrl", config=algorithm_config()
+    ).batch["advantages"]
+    grpo = compute_advantage(
+        batch.slice(0, len(batch)),
+        adv_estimator="grpo",
+        config=algorithm_config("grpo"),
+        norm_adv_by_std_in_grpo=False,
+    ).batch["advantages"]
     rbar, n = group_means(rewards, prompt)
     nbar = len(rewards) / len(counts)
     scale = torch.where(rbar > 0, nbar / (n * rbar.clamp_min(1e-12)), torch.zeros_like(rbar))
-    torch.testing.assert_close(sera.double(), grpo.double() * scale[:, None] * mask, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(
+        sera.double(), grpo.double() * scale[:, None] * mask, rtol=1e-6, atol=1e-6
+    )
 
 
 def test_graded_rewards_need_a_threshold(sv, compute_advantage):
@@ -281,13 +310,18 @@ def test_graded_rewards_need_a_threshold(sv, compute_advantage):
     outcomes = [1, 0, 1, 0, 0, 1, 1]
     batch, prompt, rewards = make_batch(counts, outcomes, reward_scale=2.5)  # scores 0 or 2.5
     with pytest.raises(SeraOptError, match="success_threshold"):
-        compute_advantage(batch.slice(0, len(batch)), adv_estimator="sera_maxrl",
-                          config=algorithm_config())
-    out = compute_advantage(batch.slice(0, len(batch)), adv_estimator="sera_maxrl",
-                            config=algorithm_config(success_threshold=1.0))
+        compute_advantage(
+            batch.slice(0, len(batch)), adv_estimator="sera_maxrl", config=algorithm_config()
+        )
+    out = compute_advantage(
+        batch.slice(0, len(batch)),
+        adv_estimator="sera_maxrl",
+        config=algorithm_config(success_threshold=1.0),
+    )
     expected = sera_opt.maxrl_advantages(rewards, prompt)
-    torch.testing.assert_close(out.batch["advantages"],
-                               expected[:, None] * batch.batch["response_mask"], rtol=0, atol=0)
+    torch.testing.assert_close(
+        out.batch["advantages"], expected[:, None] * batch.batch["response_mask"], rtol=0, atol=0
+    )
 
 
 def test_estimator_rejects_what_it_cannot_honour(sv):
@@ -308,14 +342,26 @@ def test_estimator_rejects_what_it_cannot_honour(sv):
     with pytest.raises(SeraOptError, match="shape of token_level_rewards"):
         fn(token_level_rewards=rewards, response_mask=mask[:, :2], index=uid)
     with pytest.raises(SeraOptError, match="unknown key"):
-        fn(token_level_rewards=rewards, response_mask=mask, index=uid,
-           config=algorithm_config(estimatr="mean_centred"))
+        fn(
+            token_level_rewards=rewards,
+            response_mask=mask,
+            index=uid,
+            config=algorithm_config(estimatr="mean_centred"),
+        )
     with pytest.raises(SeraOptError, match="estimator must be one of"):
-        fn(token_level_rewards=rewards, response_mask=mask, index=uid,
-           config=algorithm_config(estimator="grpo"))
+        fn(
+            token_level_rewards=rewards,
+            response_mask=mask,
+            index=uid,
+            config=algorithm_config(estimator="grpo"),
+        )
     with pytest.warns(SeraOptWarning, match="reward_baselines"):
-        fn(token_level_rewards=rewards, response_mask=mask, index=uid,
-           reward_baselines=torch.zeros(3))
+        fn(
+            token_level_rewards=rewards,
+            response_mask=mask,
+            index=uid,
+            reward_baselines=torch.zeros(3),
+        )
     with pytest.raises(SeraOptError, match="hashable"):
         fn(token_level_rewards=rewards, response_mask=mask, index=[["a"], ["a"], ["b"]])
 
@@ -326,7 +372,10 @@ def test_fully_masked_rows_still_count_like_grpo(sv, compute_advantage):
     from verl import DataProto
 
     pad = DataProto.from_dict(
-        tensors={"token_level_rewards": torch.zeros(2, 7), "response_mask": torch.zeros(2, 7, dtype=torch.int64)},
+        tensors={
+            "token_level_rewards": torch.zeros(2, 7),
+            "response_mask": torch.zeros(2, 7, dtype=torch.int64),
+        },
         non_tensors={"uid": np.array(["pad0", "pad0"], dtype=object)},
     )
     padded = DataProto.concat([batch, pad])
@@ -335,15 +384,23 @@ def test_fully_masked_rows_still_count_like_grpo(sv, compute_advantage):
     assert torch.all(advantages[-2:] == 0)
     # The padding group raises N and M: nbar goes from 6/2 to 8/3, the same factor for every prompt.
     unpadded = sera_opt.maxrl_advantages(rewards, prompt)
-    ratio = (advantages[:-2].double().sum(-1) / batch.batch["response_mask"].sum(-1)) / unpadded.double()
-    torch.testing.assert_close(ratio[unpadded != 0], torch.full_like(ratio[unpadded != 0], (8 / 3) / 3))
+    ratio = (
+        advantages[:-2].double().sum(-1) / batch.batch["response_mask"].sum(-1)
+    ) / unpadded.double()
+    torch.testing.assert_close(
+        ratio[unpadded != 0], torch.full_like(ratio[unpadded != 0], (8 / 3) / 3)
+    )
 
 
 def test_collect_estimator_calls(sv, compute_advantage):
     batch, prompt, rewards = make_batch([2, 5], [1, 0, 1, 1, 0, 0, 1], seed=4)
-    compute_advantage(batch.slice(0, len(batch)), adv_estimator="sera_maxrl", config=algorithm_config())
+    compute_advantage(
+        batch.slice(0, len(batch)), adv_estimator="sera_maxrl", config=algorithm_config()
+    )
     with sv.collect_estimator_calls() as calls:
-        compute_advantage(batch.slice(0, len(batch)), adv_estimator="sera_maxrl", config=algorithm_config())
+        compute_advantage(
+            batch.slice(0, len(batch)), adv_estimator="sera_maxrl", config=algorithm_config()
+        )
     assert len(calls) == 1
     call = calls[0]
     assert list(call.uids) == list(batch.non_tensor_batch["uid"])
@@ -352,8 +409,9 @@ def test_collect_estimator_calls(sv, compute_advantage):
     assert call.diagnostics["min_count"] == 2 and call.diagnostics["max_count"] == 5
     with sv.collect_estimator_calls() as outer:
         with sv.collect_estimator_calls() as inner:
-            compute_advantage(batch.slice(0, len(batch)), adv_estimator="sera_maxrl",
-                              config=algorithm_config())
+            compute_advantage(
+                batch.slice(0, len(batch)), adv_estimator="sera_maxrl", config=algorithm_config()
+            )
         assert len(inner) == 1 and outer == []
 
 
@@ -362,8 +420,16 @@ def test_collect_estimator_calls(sv, compute_advantage):
 # ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm",
-                                  "seq-mean-token-mean", "token-sum"])
+@pytest.mark.parametrize(
+    "mode",
+    [
+        "token-mean",
+        "seq-mean-token-sum",
+        "seq-mean-token-sum-norm",
+        "seq-mean-token-mean",
+        "token-sum",
+    ],
+)
 def test_agg_loss_modes_equal_sera_opt_aggregate_loss(sv, core_algos, mode):
     generator = torch.Generator().manual_seed(1)
     loss = torch.randn(9, 6, generator=generator, dtype=torch.float64)
@@ -412,8 +478,16 @@ def prompt_gradients(core_algos, mode, counts, lengths, advantages_fn):
     return grad
 
 
-@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm",
-                                  "seq-mean-token-mean", "token-sum"])
+@pytest.mark.parametrize(
+    "mode",
+    [
+        "token-mean",
+        "seq-mean-token-sum",
+        "seq-mean-token-sum-norm",
+        "seq-mean-token-mean",
+        "token-sum",
+    ],
+)
 def test_corrected_loss_gives_each_prompt_a_count_independent_weight(sv, core_algos, mode):
     counts = [2, 4, 8, 6, 10]
     lengths = [5] * len(counts)
@@ -457,7 +531,9 @@ def test_seq_mean_token_mean_weights_prompts_by_inverse_length(sv, core_algos):
 def prompt_batch(num_prompts=4, with_uid=False):
     from verl import DataProto
 
-    non_tensors = {"raw_prompt": np.array([f"prompt {i}" for i in range(num_prompts)], dtype=object)}
+    non_tensors = {
+        "raw_prompt": np.array([f"prompt {i}" for i in range(num_prompts)], dtype=object)
+    }
     if with_uid:
         non_tensors["uid"] = np.array([f"u{i}" for i in range(num_prompts)], dtype=object)
     return DataProto.from_dict(
@@ -491,7 +567,8 @@ def test_repeat_by_counts_keeps_existing_uids_and_accepts_allocations(sv):
     allocation = sera_opt.allocate([0.2, 0.5, 0.7, 0.9], budget=12, min_rollouts=2)
     out = sv.repeat_by_counts(batch, allocation)
     assert Counter(out.non_tensor_batch["uid"].tolist()) == {
-        f"u{i}": int(c) for i, c in enumerate(allocation.counts)}
+        f"u{i}": int(c) for i, c in enumerate(allocation.counts)
+    }
     out = sv.repeat_by_counts(batch, torch.tensor([1, 2, 3, 4]))
     assert out.non_tensor_batch["uid"].tolist() == ["u0", "u1", "u1", "u2", "u2", "u2"] + ["u3"] * 4
 
@@ -516,14 +593,17 @@ def test_repeat_by_counts_then_compute_advantage(sv, compute_advantage):
     assert calls[0].diagnostics["max_count"] == stats.counts.max() == 6
 
 
-@pytest.mark.parametrize(("counts", "match"), [
-    ([1, 2, 3], "one entry per prompt row"),
-    ([1, -1, 2, 2], "at least 0"),
-    ([1.5, 1, 2, 2], "whole numbers"),
-    ([True, True, False, True], "whole numbers"),
-    ([0, 0, 0, 0], "sum to 0"),
-    ([[1, 2], [3, 4]], "one entry per prompt row"),
-])
+@pytest.mark.parametrize(
+    ("counts", "match"),
+    [
+        ([1, 2, 3], "one entry per prompt row"),
+        ([1, -1, 2, 2], "at least 0"),
+        ([1.5, 1, 2, 2], "whole numbers"),
+        ([True, True, False, True], "whole numbers"),
+        ([0, 0, 0, 0], "sum to 0"),
+        ([[1, 2], [3, 4]], "one entry per prompt row"),
+    ],
+)
 def test_repeat_by_counts_rejects_bad_counts(sv, counts, match):
     with pytest.raises(SeraOptError, match=match):
         sv.repeat_by_counts(prompt_batch(), counts)
@@ -542,8 +622,10 @@ def test_repeat_by_counts_rejects_shared_uids(sv):
 # Per-prompt counts: the V1 trainer's __rollout_n__, through verl's agent loop code
 # ----------------------------------------------------------------------------
 
-needs_v1 = pytest.mark.skipif(not has_module("transfer_queue"),
-                              reason="verl's V1 trainer needs TransferQueue (docs/integrations/verl.md)")
+needs_v1 = pytest.mark.skipif(
+    not has_module("transfer_queue"),
+    reason="verl's V1 trainer needs TransferQueue (docs/integrations/verl.md)",
+)
 
 
 def v1_prompt_batch(num_prompts, index=None):
@@ -561,11 +643,17 @@ def collated_prompts(num_prompts, index=None):
     from verl.utils.dataset.rl_dataset import collate_fn
 
     index = list(range(100, 100 + num_prompts)) if index is None else index
-    return collate_fn([
-        {"input_ids": torch.arange(4) + i, "raw_prompt": [{"role": "user", "content": f"q{i}"}],
-         "index": index[i], "data_source": "unit"}
-        for i in range(num_prompts)
-    ])
+    return collate_fn(
+        [
+            {
+                "input_ids": torch.arange(4) + i,
+                "raw_prompt": [{"role": "user", "content": f"q{i}"}],
+                "index": index[i],
+                "data_source": "unit",
+            }
+            for i in range(num_prompts)
+        ]
+    )
 
 
 def run_v1_agent_loop(batch, monkeypatch, default_n=8):
@@ -589,13 +677,22 @@ def run_v1_agent_loop(batch, monkeypatch, default_n=8):
         assert "__rollout_n__" not in prompt
         sessions[prompt["uid"]] += 1
 
-    rollout = OmegaConf.create({
-        "temperature": 1.0, "top_p": 1.0, "top_k": -1, "calculate_log_probs": False, "n": default_n,
-        "val_kwargs": {"n": 1, "top_p": 1.0, "top_k": -1, "temperature": 0.0},
-        "agent": {"default_agent_loop": "single_turn_agent"},
-    })
-    worker = types.SimpleNamespace(config=OmegaConf.create({"actor_rollout_ref": {"rollout": rollout}}),
-                                   background_tasks=set(), _run_agent_loop=run_agent_loop)
+    rollout = OmegaConf.create(
+        {
+            "temperature": 1.0,
+            "top_p": 1.0,
+            "top_k": -1,
+            "calculate_log_probs": False,
+            "n": default_n,
+            "val_kwargs": {"n": 1, "top_p": 1.0, "top_k": -1, "temperature": 0.0},
+            "agent": {"default_agent_loop": "single_turn_agent"},
+        }
+    )
+    worker = types.SimpleNamespace(
+        config=OmegaConf.create({"actor_rollout_ref": {"rollout": rollout}}),
+        background_tasks=set(),
+        _run_agent_loop=run_agent_loop,
+    )
     worker._run_prompt = types.MethodType(worker_cls._run_prompt, worker)
 
     async def drive():
@@ -650,17 +747,20 @@ def test_prompt_ids_from_batch(sv):
 # ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("options", "match"), [
-    ({"estimator": "rloo"}, "estimator must be one of"),
-    ({"multiplicity_correction": "yes"}, "true or false"),
-    ({"success_threshold": float("nan")}, "finite number"),
-    ({"success_threshold": True}, "finite number"),
-    ({"min_rollouts": 0}, "positive integer"),
-    ({"max_rollouts": 2.5}, "positive integer"),
-    ({"min_rollouts": 5, "max_rollouts": 3}, "exceeds"),
-    ({"policy_options": 3}, "mapping"),
-    ({"estimatr": "mean_centred"}, "unknown key"),
-])
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"estimator": "rloo"}, "estimator must be one of"),
+        ({"multiplicity_correction": "yes"}, "true or false"),
+        ({"success_threshold": float("nan")}, "finite number"),
+        ({"success_threshold": True}, "finite number"),
+        ({"min_rollouts": 0}, "positive integer"),
+        ({"max_rollouts": 2.5}, "positive integer"),
+        ({"min_rollouts": 5, "max_rollouts": 3}, "exceeds"),
+        ({"policy_options": 3}, "mapping"),
+        ({"estimatr": "mean_centred"}, "unknown key"),
+    ],
+)
 def test_options_are_validated(sv, options, match):
     with pytest.raises(SeraOptError, match=match):
         sv.SeraMaxRLConfig.from_mapping(options)
@@ -671,7 +771,10 @@ def test_options_defaults_and_offsets(sv):
     assert options == sv.SeraMaxRLConfig() and options.offset == 1
     assert sv.SeraMaxRLConfig(estimator="success_average").offset == 0
     assert sv.SeraMaxRLConfig.from_algorithm_config(None) == sv.SeraMaxRLConfig()
-    assert sv.SeraMaxRLConfig.from_algorithm_config({"sera_maxrl": {"min_rollouts": 3}}).min_rollouts == 3
+    assert (
+        sv.SeraMaxRLConfig.from_algorithm_config({"sera_maxrl": {"min_rollouts": 3}}).min_rollouts
+        == 3
+    )
 
 
 @pytest.fixture(scope="module")
@@ -682,8 +785,12 @@ def composed():
 
     from sera_opt.integrations import _verl_trainer
 
-    base = ["algorithm.adv_estimator=sera_maxrl", "trainer.v1.trainer_mode=sera_sync",
-            "actor_rollout_ref.rollout.n=4", "data.train_batch_size=6"]
+    base = [
+        "algorithm.adv_estimator=sera_maxrl",
+        "trainer.v1.trainer_mode=sera_sync",
+        "actor_rollout_ref.rollout.n=4",
+        "data.train_batch_size=6",
+    ]
     config = _verl_trainer.compose_config(base)
 
     def variant(**dotted):
@@ -699,8 +806,9 @@ def composed():
 def test_check_trainer_config(sv, composed):
     config, variant = composed
     assert sv.check_trainer_config(config) == sv.SeraMaxRLConfig()
-    options = sv.check_trainer_config(variant(algorithm__sera_maxrl={"estimator": "success_average",
-                                                                      "max_rollouts": 9}))
+    options = sv.check_trainer_config(
+        variant(algorithm__sera_maxrl={"estimator": "success_average", "max_rollouts": 9})
+    )
     assert options.estimator == "success_average" and options.max_rollouts == 9
     cases = [
         ({"algorithm__adv_estimator": "grpo"}, "adv_estimator=sera_maxrl"),
@@ -720,12 +828,20 @@ def test_compose_config_checks_sera_modes(sv):
     from sera_opt.integrations import _verl_trainer
 
     with pytest.raises(SeraOptError, match="use_v1"):
-        _verl_trainer.compose_config(["algorithm.adv_estimator=sera_maxrl", "trainer.use_v1=false",
-                                      "trainer.v1.trainer_mode=sera_sync"])
+        _verl_trainer.compose_config(
+            [
+                "algorithm.adv_estimator=sera_maxrl",
+                "trainer.use_v1=false",
+                "trainer.v1.trainer_mode=sera_sync",
+            ]
+        )
     with pytest.raises(SeraOptError, match="adv_estimator=sera_maxrl"):
         _verl_trainer.compose_config(["trainer.v1.trainer_mode=sera_sync"])
     # verl's own modes are composed untouched.
-    assert _verl_trainer.compose_config(["algorithm.adv_estimator=grpo"]).trainer.v1.trainer_mode == "sync"
+    assert (
+        _verl_trainer.compose_config(["algorithm.adv_estimator=grpo"]).trainer.v1.trainer_mode
+        == "sync"
+    )
 
 
 @needs_v1
@@ -755,12 +871,19 @@ def test_external_modules_hook_registers_the_estimator(sv):
     import subprocess
     import sys
 
-    code = ("import verl\n"
-            "from verl.trainer.ppo.core_algos import get_adv_estimator_fn\n"
-            "print(get_adv_estimator_fn('sera_maxrl').__module__)\n")
+    code = (
+        "import verl\n"
+        "from verl.trainer.ppo.core_algos import get_adv_estimator_fn\n"
+        "print(get_adv_estimator_fn('sera_maxrl').__module__)\n"
+    )
     env = dict(os.environ, VERL_USE_EXTERNAL_MODULES="sera_opt.integrations.verl")
-    result = subprocess.run([sys.executable, "-W", "ignore", "-c", code], env=env, capture_output=True,
-                            text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == "sera_opt.integrations.verl"
 
@@ -781,8 +904,11 @@ class FakeTransferQueue:
             if name not in self.rows[0]:
                 continue
             values = [row[name] for row in self.rows]
-            data[name] = (torch.nested.as_nested_tensor(values, layout=torch.jagged)
-                          if isinstance(values[0], torch.Tensor) else NonTensorStack(*values))
+            data[name] = (
+                torch.nested.as_nested_tensor(values, layout=torch.jagged)
+                if isinstance(values[0], torch.Tensor)
+                else NonTensorStack(*values)
+            )
         return TensorDict(data, batch_size=[len(self.rows)])
 
     def kv_batch_put(self, keys, partition_id, fields=None, tags=None):
@@ -801,14 +927,24 @@ def generated_rows(uids, counts, seed):
             length = int(rng.integers(1, 6))
             scores = torch.zeros(length)
             scores[-1] = float(rng.random() < 0.5)
-            rows.append({"key": f"{uid}_{session}_0", "uid": uid, "rm_scores": scores,
-                         "response_mask": torch.ones(length, dtype=torch.int64)})
+            rows.append(
+                {
+                    "key": f"{uid}_{session}_0",
+                    "uid": uid,
+                    "rm_scores": scores,
+                    "response_mask": torch.ones(length, dtype=torch.int64),
+                }
+            )
     return rows
 
 
 def states_equal(a, b):
     if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(states_equal(a[k], b[k]) for k in a)
+        return (
+            isinstance(b, dict)
+            and a.keys() == b.keys()
+            and all(states_equal(a[k], b[k]) for k in a)
+        )
     if isinstance(a, (list, tuple)):
         return len(a) == len(b) and all(states_equal(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, (np.ndarray, torch.Tensor)):
@@ -823,13 +959,17 @@ def trainer(sv, composed, tmp_path):
     from sera_opt.integrations import _verl_trainer
 
     _, variant = composed
-    config = variant(trainer__default_local_dir=str(tmp_path),
-                     algorithm__sera_maxrl={"max_rollouts": 9})
+    config = variant(
+        trainer__default_local_dir=str(tmp_path), algorithm__sera_maxrl={"max_rollouts": 9}
+    )
     trainer = _verl_trainer.SeraPPOTrainerSync(config)
     # verl's constructor saw the base mode: the sync replay buffer, not the async one.
     assert config.trainer.v1.trainer_mode == "sync"
     assert type(trainer.replay_buffer) is ReplayBuffer
-    trainer.train_dataloader = [collated_prompts(6), collated_prompts(6, index=list(range(200, 206)))]
+    trainer.train_dataloader = [
+        collated_prompts(6),
+        collated_prompts(6, index=list(range(200, 206))),
+    ]
     trainer.train_dataloader_it = None
     trainer.global_steps = 1
     prompt_ids, rewards = HISTORY
@@ -881,13 +1021,21 @@ def test_trainer_advantage_step_observes_outcomes(sv, trainer, monkeypatch):
     uids, counts = tu.get(batch, "uid"), tu.get(batch, "__rollout_n__")
     prompt_ids = sv.prompt_ids_from_batch(batch)
     rows = generated_rows(uids, counts, seed=7)
-    rows.append({"key": "padabc_0_0", "uid": "padabc", "rm_scores": torch.zeros(1),
-                 "response_mask": torch.zeros(1, dtype=torch.int64)})  # verl's padding row
+    rows.append(
+        {
+            "key": "padabc_0_0",
+            "uid": "padabc",
+            "rm_scores": torch.zeros(1),
+            "response_mask": torch.zeros(1, dtype=torch.int64),
+        }
+    )  # verl's padding row
     fake = FakeTransferQueue(rows)
     monkeypatch.setattr(trainer_base, "tq", fake)
     from transfer_queue import KVBatchMeta
 
-    meta = KVBatchMeta(keys=[row["key"] for row in rows], tags=[{} for _ in rows], partition_id="train")
+    meta = KVBatchMeta(
+        keys=[row["key"] for row in rows], tags=[{} for _ in rows], partition_id="train"
+    )
     metrics = {}
     trainer._compute_advantage(meta, metrics)
 
@@ -901,7 +1049,9 @@ def test_trainer_advantage_step_observes_outcomes(sv, trainer, monkeypatch):
         torch.testing.assert_close(written[k], expected[k] * row["response_mask"], rtol=0, atol=0)
     assert any(torch.count_nonzero(w) for w in written)
     assert len(set(counts)) > 1 and metrics["sera/max_count"] == max(counts)
-    assert metrics["sera/planned_min_count"] == min(counts) and metrics["sera/planned_max_count"] == max(counts)
+    assert metrics["sera/planned_min_count"] == min(counts) and metrics[
+        "sera/planned_max_count"
+    ] == max(counts)
     assert metrics["sera/min_count"] == 1  # verl's padding group
     assert metrics["sera/num_prompts"] == 7
     assert metrics["sera/observed_rollouts"] == sum(counts)
@@ -909,10 +1059,14 @@ def test_trainer_advantage_step_observes_outcomes(sv, trainer, monkeypatch):
     # The planner saw the same evidence as a reference fed directly (padding skipped).
     real = [row for row in rows if row["uid"] != "padabc"]
     prompt_of_uid = dict(zip(uids, prompt_ids, strict=True))
-    reference.observe([prompt_of_uid[row["uid"]] for row in real],
-                      np.array([float(row["rm_scores"].sum()) for row in real]))
+    reference.observe(
+        [prompt_of_uid[row["uid"]] for row in real],
+        np.array([float(row["rm_scores"].sum()) for row in real]),
+    )
     assert states_equal(trainer.sera_planner.state_dict(), reference.state_dict())
-    assert not states_equal(trainer.sera_planner.state_dict(), reference_planner(sv, trainer).state_dict())
+    assert not states_equal(
+        trainer.sera_planner.state_dict(), reference_planner(sv, trainer).state_dict()
+    )
     assert trainer._sera_prompt_of_uid == {}
 
 
@@ -949,11 +1103,15 @@ def test_trainer_checkpoints_the_planner(sv, trainer, monkeypatch, tmp_path):
 
 
 LAUNCH_OVERRIDES = [
-    "algorithm.adv_estimator=sera_maxrl", "trainer.v1.trainer_mode=sera_sync",
-    "actor_rollout_ref.rollout.n=4", "data.train_batch_size=8",
-    "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    "algorithm.adv_estimator=sera_maxrl",
+    "trainer.v1.trainer_mode=sera_sync",
+    "actor_rollout_ref.rollout.n=4",
+    "data.train_batch_size=8",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
-    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2", "trainer.n_gpus_per_node=1",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2",
+    "trainer.n_gpus_per_node=1",
 ]
 
 
@@ -965,8 +1123,11 @@ def test_launcher_hands_verl_a_task_runner_that_registers_first(sv, core_algos, 
     from sera_opt.integrations import _verl_trainer
 
     launched = {}
-    monkeypatch.setattr(main_ppo, "run_ppo",
-                        lambda config, task_runner_class: launched.update(config=config, cls=task_runner_class))
+    monkeypatch.setattr(
+        main_ppo,
+        "run_ppo",
+        lambda config, task_runner_class: launched.update(config=config, cls=task_runner_class),
+    )
     _verl_trainer.launch(LAUNCH_OVERRIDES)
     assert launched["config"].trainer.v1.trainer_mode == "sera_sync"
     runner_cls = launched["cls"].__ray_actor_class__  # a Ray actor class; Ray is not started here
