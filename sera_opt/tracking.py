@@ -213,6 +213,8 @@ class SuccessTracker:
             raise SeraOptError(f"prompt_ids could not be read as an array: {exc}") from exc
         if arr.ndim != 1:
             raise SeraOptError(f"prompt_ids must be 1-D, got shape {arr.shape}.")
+        if arr.size == 0:
+            return "empty", np.empty(0, dtype=np.int64)
         kind = arr.dtype.kind
         if kind in "iu":
             if kind == "u" and arr.size and int(arr.max()) > _INT64_MAX:
@@ -239,8 +241,6 @@ class SuccessTracker:
                 "prompt_ids must be integers or strings, got floats; if they are whole numbers, "
                 "cast them with .astype(int)."
             )
-        if arr.size == 0:
-            return "empty", np.empty(0, dtype=np.int64)
         raise SeraOptError(
             f"prompt_ids must be integers or strings, got dtype {arr.dtype}."
         )

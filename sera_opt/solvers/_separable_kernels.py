@@ -55,6 +55,8 @@ _NEWTON_ROUNDS = 4
 _OVERSHOOT = 1.25
 
 _INF = np.inf
+# Beta levels with at most this many effective rollouts use the exact product.
+_PRODUCT_MAX = 64
 _SIGN_FLIP = np.int64(0x7FFFFFFFFFFFFFFF)
 
 
@@ -110,6 +112,18 @@ def gain(kind, x0, x1, x2, c, k):
             return 0.0
         if x1 == 0.0:
             return -_INF
+        if m <= _PRODUCT_MAX:
+            # The product of ratios is accurate to a few ulps (the log-gamma
+            # difference loses digits to cancellation), so that levels which
+            # are equal in exact arithmetic come out equal to ~1e-15.
+            q = 1.0
+            acc = 0.0
+            for j in range(m):
+                q *= (x1 + j) / (x0 + x1 + j)
+                if q < 1e-280:
+                    acc += math.log(q)
+                    q = 1.0
+            return acc + math.log(q)
         return x2 + (math.lgamma(x1 + m) - math.lgamma(x0 + x1 + m))
     if kind == KNAPSACK:
         if x0 == 0.0:
@@ -428,6 +442,8 @@ def _kth_largest(a, r):
 
 @njit(cache=True, error_model="numpy")
 def _tie_before(e, f, nxt, step, owner, maxmin):
+    """Tie order: (max-min) lower next gain, i.e. higher next level; then fewer
+    rollouts so far; then the lower index."""
     if maxmin and nxt[e] != nxt[f]:
         return nxt[e] < nxt[f]
     if step[e] != step[f]:
@@ -436,29 +452,53 @@ def _tie_before(e, f, nxt, step, owner, maxmin):
 
 
 @njit(cache=True, error_model="numpy")
-def _sort_ties(tied, nxt, step, owner, maxmin):
-    """Bottom-up merge sort of ``tied`` by the tie order (stable, O(T log T))."""
-    n = tied.shape[0]
-    src = tied.copy()
-    dst = np.empty_like(src)
-    width = 1
-    while width < n:
-        for left in range(0, n, 2 * width):
-            mid = min(left + width, n)
-            right = min(left + 2 * width, n)
-            i = left
-            j = mid
-            for o in range(left, right):
-                if i < mid and (j >= right or not _tie_before(src[j], src[i], nxt, step,
-                                                              owner, maxmin)):
-                    dst[o] = src[i]
-                    i += 1
+def _pick_ties(band, left, nxt, step, owner, maxmin, counts):
+    """Hand ``left`` rollouts to the tied steps ``band`` (row-major order, each
+    row's tied steps contiguous) one at a time, always to the best row head
+    by the tie order; a row's next tied step becomes its head. A binary heap,
+    O(T log T)."""
+    n = band.shape[0]
+    heap = np.empty(n, dtype=np.int64)
+    size = 0
+    for j in range(n):
+        if j == 0 or owner[band[j - 1]] != owner[band[j]]:
+            # push j
+            heap[size] = j
+            pos = size
+            size += 1
+            while pos > 0:
+                parent = (pos - 1) // 2
+                if _tie_before(band[heap[pos]], band[heap[parent]], nxt, step, owner, maxmin):
+                    t = heap[pos]
+                    heap[pos] = heap[parent]
+                    heap[parent] = t
+                    pos = parent
                 else:
-                    dst[o] = src[j]
-                    j += 1
-        src, dst = dst, src
-        width *= 2
-    return src
+                    break
+    for _ in range(left):
+        top = heap[0]
+        counts[owner[band[top]]] += 1
+        nxt_pos = top + 1
+        if nxt_pos < n and owner[band[nxt_pos]] == owner[band[top]]:
+            heap[0] = nxt_pos
+        else:
+            size -= 1
+            heap[0] = heap[size]
+        pos = 0
+        while True:
+            child = 2 * pos + 1
+            if child >= size:
+                break
+            if child + 1 < size and _tie_before(band[heap[child + 1]], band[heap[child]], nxt,
+                                                step, owner, maxmin):
+                child += 1
+            if _tie_before(band[heap[child]], band[heap[pos]], nxt, step, owner, maxmin):
+                t = heap[pos]
+                heap[pos] = heap[child]
+                heap[child] = t
+                pos = child
+            else:
+                break
 
 
 # Bracket state: integers (ca, cb, key_a, key_b, side, passes) and floats
@@ -622,10 +662,13 @@ def _narrow(kind, p0, p1, p2, c, lo, hi, spare, limit, st_i, st_f, rows, na, a_n
 
 
 @njit(cache=True, error_model="numpy")
-def _finish(kind, p0, p1, p2, c, lo, hi, spare, maxmin, limit, st_i, rows, na, a_next, nb,
-            b_next, b_last):
+def _finish(kind, p0, p1, p2, c, lo, hi, spare, maxmin, tie_rtol, limit, st_i, rows, na,
+            a_next, a_last, nb, b_next, b_last):
     """Select the remaining ``spare - ca`` gains from the bracket (b, a]."""
     m = na.shape[0]
+    if maxmin and tie_rtol > 0.0:
+        rows = _widen(kind, p0, p1, p2, c, lo, hi, tie_rtol, st_i, na, a_next, a_last, nb,
+                      b_next, b_last)
     fbuf = np.empty(1, dtype=np.float64)
     ibuf = fbuf.view(np.int64)
     value_a = _unkey(st_i[_KEY_A], fbuf, ibuf)
@@ -690,44 +733,109 @@ def _finish(kind, p0, p1, p2, c, lo, hi, spare, maxmin, limit, st_i, rows, na, a
             step[e] = k
             e += 1
     threshold = _kth_largest(vals.copy(), need)
+    # Max-min levels within tie_rtol (relative) of the threshold count as tied:
+    # equal in exact arithmetic, apart by rounding.
+    width = 0.0
+    if maxmin and tie_rtol > 0.0 and math.isfinite(threshold):
+        width = tie_rtol * abs(threshold)
+    upper = threshold + width
+    lower = threshold - width
     counts = na.copy()
     above = 0
-    n_tied = 0
+    n_band = 0
     for e in range(n_bracket):
-        if vals[e] > threshold:
+        if vals[e] > upper:
             counts[owner[e]] += 1
             above += 1
-        elif vals[e] == threshold:
-            n_tied += 1
+        elif vals[e] >= lower:
+            n_band += 1
     left = need - above
-    tied = np.empty(n_tied, dtype=np.int64)
+    band = np.empty(n_band, dtype=np.int64)
     t = 0
     for e in range(n_bracket):
-        if vals[e] == threshold:
-            tied[t] = e
+        if lower <= vals[e] <= upper:
+            band[t] = e
             t += 1
-    if left < n_tied:
-        nxt = np.zeros(n_bracket, dtype=np.float64)
-        if maxmin:
-            for t in range(n_tied):
-                e = tied[t]
-                i = owner[e]
-                if step[e] + 1 < nb[i]:
-                    nxt[e] = vals[e + 1]
-                elif nb[i] < hi[i] and b_next[i] == b_next[i]:
-                    nxt[e] = b_next[i]
-                else:
-                    # The cache holds -inf at hi (nothing is taken there); the
-                    # tie rule needs the real next level.
-                    nxt[e] = gain(kind, p0[i], p1[i], p2[i], c, step[e] + 1)
-        tied = _sort_ties(tied, nxt, step, owner, maxmin)
-    for t in range(left):
-        counts[owner[tied[t]]] += 1
+    if left == n_band:
+        for t in range(n_band):
+            counts[owner[band[t]]] += 1
+        return counts, threshold
+    nxt = np.zeros(n_bracket, dtype=np.float64)
+    if maxmin:
+        for t in range(n_band):
+            e = band[t]
+            i = owner[e]
+            if step[e] + 1 < nb[i]:
+                nxt[e] = vals[e + 1]
+            elif nb[i] < hi[i] and b_next[i] == b_next[i]:
+                nxt[e] = b_next[i]
+            else:
+                # The cache holds -inf at hi (nothing is taken there); the
+                # tie rule needs the real next level.
+                nxt[e] = gain(kind, p0[i], p1[i], p2[i], c, step[e] + 1)
+    _pick_ties(band, left, nxt, step, owner, maxmin, counts)
     return counts, threshold
 
 
 @njit(cache=True, error_model="numpy")
-def _select(kind, p0, p1, p2, c, lo, hi, spare, maxmin, stats):
+def _widen(kind, p0, p1, p2, c, lo, hi, tie_rtol, st_i, na, a_next, a_last, nb, b_next,
+           b_last):
+    """Before collecting, move both bracket ends out by ``2 tie_rtol`` (relative)
+    so that every gain within the tie tolerance of the threshold is collected
+    rather than already taken or left out. Returns the new active rows."""
+    m = lo.shape[0]
+    fbuf = np.empty(1, dtype=np.float64)
+    ibuf = fbuf.view(np.int64)
+    va = _unkey(st_i[_KEY_A], fbuf, ibuf)
+    if math.isfinite(va):
+        top = va + 2.0 * tie_rtol * abs(va)
+        if top > va:
+            for i in range(m):
+                if na[i] <= lo[i]:
+                    continue
+                g = a_last[i]
+                if g != g:
+                    g = gain(kind, p0[i], p1[i], p2[i], c, na[i] - 1)
+                if g > top:
+                    continue
+                k, g_k, g_km1 = _crossing(kind, p0[i], p1[i], p2[i], c, top, lo[i], na[i],
+                                          na[i] - 1, _INF, a_next[i])
+                st_i[_CA] -= na[i] - k
+                na[i] = k
+                a_next[i] = g_k
+                a_last[i] = g_km1
+            st_i[_KEY_A] = _key(top, fbuf, ibuf)
+    if st_i[_KEY_B] >= _key(-_INF, fbuf, ibuf):
+        vb = _unkey(st_i[_KEY_B], fbuf, ibuf)
+        if math.isfinite(vb):
+            bottom = vb - 2.0 * tie_rtol * abs(vb)
+            if bottom < vb:
+                for i in range(m):
+                    if nb[i] >= hi[i]:
+                        continue
+                    g = b_next[i]
+                    if g != g:
+                        g = gain(kind, p0[i], p1[i], p2[i], c, nb[i])
+                    if g <= bottom:
+                        continue
+                    k, g_k, g_km1 = _crossing(kind, p0[i], p1[i], p2[i], c, bottom, nb[i] + 1,
+                                              hi[i], nb[i] + 1, g, -_INF)
+                    st_i[_CB] += k - nb[i]
+                    nb[i] = k
+                    b_next[i] = g_k
+                    b_last[i] = g_km1
+                st_i[_KEY_B] = _key(bottom, fbuf, ibuf)
+    rows = np.empty(m, dtype=np.int64)
+    r = 0
+    for i in range(m):
+        if na[i] < nb[i]:
+            rows[r] = i
+            r += 1
+    return rows[:r]
+
+
+@njit(cache=True, error_model="numpy")
+def _select(kind, p0, p1, p2, c, lo, hi, spare, maxmin, tie_rtol, stats):
     """Counts of the ``spare`` largest gains (ties as in the module docstring),
     opening on the rows' extreme gains.
 
@@ -750,12 +858,12 @@ def _select(kind, p0, p1, p2, c, lo, hi, spare, maxmin, stats):
     stats[0] += st_i[_PASSES]
     stats[1] = st_i[_CB] - st_i[_CA]
     stats[2] = rows.shape[0]
-    return _finish(kind, p0, p1, p2, c, lo, hi, spare, maxmin, limit, st_i, rows, na, a_next,
-                   nb, b_next, b_last)
+    return _finish(kind, p0, p1, p2, c, lo, hi, spare, maxmin, tie_rtol, limit, st_i, rows, na,
+                   a_next, a_last, nb, b_next, b_last)
 
 
 @njit(cache=True, error_model="numpy")
-def solve(kind, p0, p1, p2, c, lo, hi, spare, maxmin, stats):
+def solve(kind, p0, p1, p2, c, lo, hi, spare, maxmin, tie_rtol, stats):
     """Exact counts for ``spare`` rollouts over rows ``[lo, hi)`` (see module docstring).
 
     For large ``M`` the first trial values come from a strided subsample of
@@ -775,7 +883,7 @@ def solve(kind, p0, p1, p2, c, lo, hi, spare, maxmin, stats):
     if spare >= total:
         return hi.copy()
     if m < _SUBSAMPLE_FROM:
-        counts, _ = _select(kind, p0, p1, p2, c, lo, hi, spare, maxmin, stats)
+        counts, _ = _select(kind, p0, p1, p2, c, lo, hi, spare, maxmin, tie_rtol, stats)
         return counts
     limit = max(_COLLECT_MIN, m >> 3)
     stride = m // _SUBSAMPLE
@@ -800,7 +908,7 @@ def solve(kind, p0, p1, p2, c, lo, hi, spare, maxmin, stats):
         target = np.int64(round(share))
         if target <= 0 or target >= cap_s:
             break
-        _, lam = _select(kind, q0, q1, q2, c, lo_s, hi_s, target, maxmin, sub_stats)
+        _, lam = _select(kind, q0, q1, q2, c, lo_s, hi_s, target, maxmin, 0.0, sub_stats)
         stats[3] += 1
         rows, cnt = _try_pass(kind, p0, p1, p2, c, spare, lam, st_i, st_f, rows, na, a_next,
                               a_last, nb, b_next, b_last, w_n, w_g)
@@ -812,8 +920,8 @@ def solve(kind, p0, p1, p2, c, lo, hi, spare, maxmin, stats):
     stats[0] += st_i[_PASSES]
     stats[1] = st_i[_CB] - st_i[_CA]
     stats[2] = rows.shape[0]
-    counts, _ = _finish(kind, p0, p1, p2, c, lo, hi, spare, maxmin, limit, st_i, rows, na,
-                        a_next, nb, b_next, b_last)
+    counts, _ = _finish(kind, p0, p1, p2, c, lo, hi, spare, maxmin, tie_rtol, limit, st_i,
+                        rows, na, a_next, a_last, nb, b_next, b_last)
     return counts
 
 

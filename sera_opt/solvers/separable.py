@@ -111,11 +111,16 @@ class SeparableObjective:
 
     sense: ClassVar[str]
     _kind: ClassVar[int]
+    # Max-min only: levels this close (relative) to the final threshold count as
+    # tied, so that the tie rule, not rounding, decides between them.
+    _tie_rtol: ClassVar[float] = 0.0
 
     def __init__(self, p0: np.ndarray, p1: np.ndarray | None = None, offset: int = 0):
-        self._p0 = np.ascontiguousarray(p0, dtype=np.float64)
+        # Fresh writable copies: numba compiles a separate specialization for
+        # read-only arrays, which would double the compile time.
+        self._p0 = np.array(p0, dtype=np.float64, order="C")
         self._p1 = (np.zeros_like(self._p0) if p1 is None
-                    else np.ascontiguousarray(p1, dtype=np.float64))
+                    else np.array(p1, dtype=np.float64, order="C"))
         self.offset = validate_offset(offset)
         self._p2 = None
 
@@ -134,7 +139,7 @@ class SeparableObjective:
         """Per-prompt terms at integer ``counts``: levels, utilities or costs (float64)."""
         from . import _separable_kernels as kernels
 
-        n = np.ascontiguousarray(counts, dtype=np.int64)
+        n = np.array(counts, dtype=np.int64, order="C")
         if n.shape != (self.num_prompts,):
             raise SeraOptError(f"counts must have shape ({self.num_prompts},), got {n.shape}.")
         return kernels.values(self._kind, *self._params(), self.offset, n)
@@ -177,6 +182,7 @@ class BetaLevels(SeparableObjective):
 
     sense = "max-min"
     _kind = 1
+    _tie_rtol = 1e-10
 
     def __init__(self, alpha, beta, offset: int = 0):
         a, b = validate_beta_posterior(alpha, beta)
@@ -200,7 +206,7 @@ class KnapsackValue(SeparableObjective):
             logp = np.where(inner, np.log(p), 0.0)
             logq = np.where(inner, np.log1p(-p), 0.0)
         super().__init__(p, logp)
-        self._p2 = np.ascontiguousarray(logq)
+        self._p2 = np.array(logq, dtype=np.float64, order="C")
 
 
 class HitUtility(SeparableObjective):
@@ -232,7 +238,7 @@ class PointHitUtility(SeparableObjective):
             logp = np.where(inner, np.log(p), 0.0)
             logq = np.where(inner, np.log1p(-p), 0.0)
         super().__init__(p, logp)
-        self._p2 = np.ascontiguousarray(logq)
+        self._p2 = np.array(logq, dtype=np.float64, order="C")
 
 
 class RLOOVariance(SeparableObjective):
@@ -289,7 +295,7 @@ def _bounds(value, name: str, m: int) -> np.ndarray:
     arr = np.broadcast_to(arr.astype(np.int64), (m,)) if arr.ndim == 0 else arr
     if arr.shape != (m,):
         raise SeraOptError(f"{name} must be a scalar or have shape ({m},), got {arr.shape}.")
-    return np.ascontiguousarray(arr, dtype=np.int64)
+    return np.array(arr, dtype=np.int64, order="C")  # writable copy (see SeparableObjective)
 
 
 def solve_separable(objective: SeparableObjective, budget: int, min_rollouts,
@@ -336,5 +342,5 @@ def solve_separable(objective: SeparableObjective, budget: int, min_rollouts,
         )
     p0, p1, p2 = objective._params()
     return kernels.solve(objective._kind, p0, p1, p2, objective.offset, lo, hi,
-                         budget - lo_total, objective.sense == "max-min",
+                         budget - lo_total, objective.sense == "max-min", objective._tie_rtol,
                          np.zeros(4, dtype=np.int64) if stats is None else stats)

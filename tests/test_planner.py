@@ -1,0 +1,110 @@
+"""RolloutPlanner: tracker estimates in, counts out, rewards back, checkpoints."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+
+import sera_opt
+from sera_opt import RolloutPlanner, SeraOptError, SuccessTracker, get_policy
+
+
+def warmed_tracker(seed=0, prompts=40):
+    rng = np.random.default_rng(seed)
+    p = rng.uniform(0.05, 0.95, prompts)
+    ids = np.repeat(np.arange(prompts), 4)
+    tracker = SuccessTracker()
+    tracker.update(ids, (rng.random(ids.size) < p[ids]).astype(int))
+    return tracker
+
+
+@pytest.mark.parametrize("name", ["sera", "uniform", "knapsack", "vip", "gvm"])
+def test_plan_feeds_the_tracker_estimates_to_the_policy(name):
+    tracker = warmed_tracker()
+    planner = RolloutPlanner(name, tracker=tracker, max_rollouts=32)
+    ids = np.arange(35, 45)  # five seen prompts, five new ones
+    alloc = planner.plan(ids, budget=120)
+    want = get_policy(name, max_rollouts=32).allocate(tracker.estimate(ids), 120)
+    np.testing.assert_array_equal(alloc.counts, want.counts)
+    assert alloc.counts.sum() == 120
+
+
+@pytest.mark.parametrize("name", ["sera-bayes", "hora"])
+def test_posterior_policies_receive_the_posterior(name):
+    tracker = warmed_tracker(1)
+    planner = RolloutPlanner(name, tracker=tracker)
+    assert planner.uses_posterior
+    ids = np.arange(30, 50)
+    alloc = planner.plan(ids, budget=160)
+    want = get_policy(name).allocate(None, 160, posterior=tracker.posterior(ids))
+    np.testing.assert_array_equal(alloc.counts, want.counts)
+    # ... which is not the same as reading the means with the default pseudo-count.
+    plain = get_policy(name).allocate(tracker.estimate(ids), 160)
+    assert not np.allclose(alloc.factors, plain.factors)
+
+
+def test_observe_updates_the_tracker_and_changes_the_plan():
+    planner = RolloutPlanner("sera", max_rollouts=64)
+    ids = ["easy", "hard"]
+    first = planner.plan(ids, 20)
+    assert first.counts.tolist() == [10, 10]  # both unseen: the prior mean
+    planner.observe(["easy"] * 10 + ["hard"] * 10, [1] * 9 + [0] + [0] * 9 + [1])
+    second = planner.plan(ids, 20)
+    assert second.counts[1] > second.counts[0]
+    assert planner.tracker.step == 1
+
+
+def test_a_short_training_loop_learns_the_success_rates():
+    rng = np.random.default_rng(5)
+    p = rng.uniform(0.05, 0.95, 30)
+    planner = RolloutPlanner("sera", tracker=SuccessTracker(prior=(1.0, 1.0)), max_rollouts=16)
+    for _ in range(30):
+        batch = rng.choice(30, 10, replace=False)
+        counts = planner.plan(batch, 80).counts
+        rollout_ids = np.repeat(batch, counts)
+        planner.observe(rollout_ids, (rng.random(rollout_ids.size) < p[rollout_ids]).astype(int))
+    est = planner.tracker.estimate(np.arange(30))
+    alpha, beta = planner.tracker.posterior(np.arange(30))
+    sd = np.sqrt(alpha * beta / ((alpha + beta) ** 2 * (alpha + beta + 1)))
+    assert np.all(np.abs(est - p) < 4 * sd + 0.02)
+
+
+def test_state_dict_round_trip_restores_tracker_and_policy():
+    planner = RolloutPlanner("sera-bayes", tracker=warmed_tracker(2), max_rollouts=16,
+                             offset=1, prior_strength=4.0)
+    state = pickle.loads(pickle.dumps(planner.state_dict()))
+    restored = RolloutPlanner().load_state_dict(state)
+    assert restored.policy.name == "sera-bayes"
+    assert restored.policy.offset == 1 and restored.policy.prior_strength == 4.0
+    ids = np.arange(10, 30)
+    np.testing.assert_array_equal(restored.plan(ids, 100).counts, planner.plan(ids, 100).counts)
+    # The lead's SERA policy round-trips its solver options too.
+    sera = RolloutPlanner("sera", solver="waterline", continuous=False, max_rollouts=8)
+    back = RolloutPlanner("uniform").load_state_dict(sera.state_dict())
+    assert back.plan([1, 2, 3], 12).continuous is None
+
+
+def test_allocate_options_are_forwarded_or_rejected():
+    planner = RolloutPlanner("gvm", tracker=warmed_tracker(3))
+    alloc = planner.plan([0, 1, 2], 12, gradient_norms=[0.0, 1.0, 1.0])
+    assert alloc.counts[0] == 1
+    with pytest.raises(SeraOptError, match="does not take"):
+        RolloutPlanner("sera").plan([0, 1], 4, gradient_norms=[1, 1])
+    with pytest.raises(SeraOptError, match="posterior"):
+        RolloutPlanner("hora").plan([0, 1], 4, posterior=([1, 1], [1, 1]))
+
+
+def test_bad_construction_and_state():
+    with pytest.raises(SeraOptError, match="SuccessTracker"):
+        RolloutPlanner("sera", tracker={"not": "a tracker"})
+    with pytest.raises(SeraOptError, match="unknown policy"):
+        RolloutPlanner("nope")
+    with pytest.raises(SeraOptError, match="RolloutPlanner state"):
+        RolloutPlanner().load_state_dict({"tracker": {}})
+
+
+def test_exported_from_the_package():
+    assert sera_opt.RolloutPlanner is RolloutPlanner
+    assert sera_opt.SuccessTracker is SuccessTracker

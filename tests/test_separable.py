@@ -1,0 +1,280 @@
+"""The separable engine against brute force and against an exhaustive sort of all gains."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import sera_opt
+from sera_opt import InfeasibleBudgetError, SeraOptError
+from sera_opt.solvers import _separable_kernels as kernels
+from sera_opt.solvers.separable import (
+    BetaLevels,
+    HitUtility,
+    InverseCountCost,
+    KnapsackValue,
+    PointHitUtility,
+    PointLevels,
+    RLOOVariance,
+    SeparableObjective,
+    solve_separable,
+)
+
+SETTINGS = settings(max_examples=60, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow])
+
+
+def brute_force(objective: SeparableObjective, budget, lo, hi):
+    """Best objective over every feasible allocation: the sorted level vector for
+    max-min (lexicographic), the sum otherwise."""
+    best = None
+    for counts in itertools.product(*[range(a, b + 1) for a, b in zip(lo, hi)]):
+        if sum(counts) != budget:
+            continue
+        terms = objective.terms(np.array(counts))
+        if objective.sense == "max-min":
+            key = tuple(np.sort(terms))
+        elif objective.sense == "max-sum":
+            key = (terms.sum(),)
+        else:
+            key = (-terms.sum(),)
+        if best is None or key > best:
+            best = key
+    return best
+
+
+def key_of(objective, counts):
+    terms = objective.terms(counts)
+    if objective.sense == "max-min":
+        return tuple(np.sort(terms))
+    return (terms.sum(),) if objective.sense == "max-sum" else (-terms.sum(),)
+
+
+def assert_matches(objective, counts, best, budget=None, lo=None, hi=None):
+    mine = key_of(objective, counts)
+    assert len(mine) == len(best)
+    if objective.sense == "max-min":
+        # Lexicographic: no feasible allocation may beat ours, counting levels
+        # equal to rounding as equal.
+        for other in itertools.product(*[range(a, b + 1) for a, b in zip(lo, hi)]):
+            if sum(other) == budget:
+                theirs = key_of(objective, np.array(other))
+                assert not lex_better(theirs, mine), (
+                    f"{type(objective).__name__}: {other} beats {counts}: {theirs} > {mine}"
+                )
+        return
+    for got, want in zip(mine, best):
+        assert got == want or np.isclose(got, want, rtol=1e-9, atol=1e-12), (
+            f"{type(objective).__name__}: {mine} is worse than the brute-force optimum {best}"
+        )
+
+
+def lex_better(x, y, rtol=1e-9, atol=1e-14):
+    for a, b in zip(x, y):
+        if a == b or abs(a - b) <= rtol * max(abs(a), abs(b)) + atol:
+            continue
+        return a > b
+    return False
+
+
+@st.composite
+def small_problem(draw, *, max_prompts=4):
+    m = draw(st.integers(1, max_prompts))
+    lo = np.array(draw(st.lists(st.integers(1, 3), min_size=m, max_size=m)))
+    hi = lo + np.array(draw(st.lists(st.integers(0, 4), min_size=m, max_size=m)))
+    budget = draw(st.integers(int(lo.sum()), int(hi.sum())))
+    return m, lo, hi, budget
+
+
+probs_open = st.floats(1e-3, 1 - 1e-3)
+probs_any = st.one_of(probs_open, st.sampled_from([0.0, 1.0, 0.5, 0.25]))
+beta_param = st.one_of(st.floats(0.05, 30.0), st.sampled_from([1.0, 2.0]))
+
+
+@SETTINGS
+@given(small_problem(), st.data())
+def test_sum_objectives_equal_brute_force(problem, data):
+    m, lo, hi, budget = problem
+    p = np.array(data.draw(st.lists(probs_any, min_size=m, max_size=m)))
+    p_open = np.array(data.draw(st.lists(probs_open, min_size=m, max_size=m)))
+    alpha = np.array(data.draw(st.lists(beta_param, min_size=m, max_size=m)))
+    beta = np.array(data.draw(st.lists(beta_param, min_size=m, max_size=m)))
+    weights = np.array(data.draw(st.lists(st.sampled_from([0.0, 0.5, 1.0, 2.5, 7.0]),
+                                          min_size=m, max_size=m)))
+    for objective in (KnapsackValue(p), HitUtility(alpha, beta), PointHitUtility(p),
+                      RLOOVariance(p_open), RLOOVariance(p_open, gamma=0.05),
+                      InverseCountCost(weights)):
+        counts = solve_separable(objective, budget, lo, hi)
+        assert counts.sum() == budget and np.all(counts >= lo) and np.all(counts <= hi)
+        assert_matches(objective, counts, brute_force(objective, budget, lo, hi))
+
+
+@SETTINGS
+@given(small_problem(), st.data(), st.sampled_from([0, 1]))
+def test_max_min_objectives_are_lexicographically_optimal(problem, data, offset):
+    m, lo, hi, budget = problem
+    lo = lo + offset
+    hi = hi + offset
+    budget += offset * m
+    p = np.array(data.draw(st.lists(st.one_of(probs_open, st.just(1.0)), min_size=m,
+                                    max_size=m)))
+    alpha = np.array(data.draw(st.lists(beta_param, min_size=m, max_size=m)))
+    beta = np.array(data.draw(st.lists(st.one_of(beta_param, st.just(0.0)), min_size=m,
+                                       max_size=m)))
+    for objective in (PointLevels(p, offset), BetaLevels(alpha, beta, offset)):
+        counts = solve_separable(objective, budget, lo, hi)
+        assert_matches(objective, counts, brute_force(objective, budget, lo, hi), budget, lo, hi)
+
+
+def test_certain_failure_is_pinned_at_the_maximum_like_sera():
+    # Level 0 whatever n: as in SERA's convention (THEORY.md section 3) such a
+    # prompt takes spare rollouts first; two of them share evenly.
+    for objective in (PointLevels([0.0, 0.3, 0.0]), BetaLevels([0.0, 1.0, 0.0], [2.0, 2.0, 5.0])):
+        counts = solve_separable(objective, 14, 2, 6)
+        assert counts.tolist() == [6, 2, 6]
+        counts = solve_separable(objective, 9, 2, 6)
+        assert counts.tolist() == [4, 2, 3]
+
+
+def all_gains(objective, lo, hi):
+    p0, p1, p2 = objective._params()
+    rows = []
+    for i in range(objective.num_prompts):
+        for k in range(lo[i], hi[i]):
+            g = kernels.gain(objective._kind, p0[i], p1[i], p2[i], objective.offset, k)
+            nxt = (kernels.gain(objective._kind, p0[i], p1[i], p2[i], objective.offset, k + 1)
+                   if objective.sense == "max-min" else 0.0)
+            rows.append((g, nxt, k, i))
+    return np.array(rows)
+
+
+def sorted_reference(objective, budget, lo, hi):
+    """Sort every marginal gain by the documented order and take the best ones."""
+    table = all_gains(objective, lo, hi)
+    order = np.lexsort((table[:, 3], table[:, 2], table[:, 1], -table[:, 0]))
+    counts = lo.copy()
+    np.add.at(counts, table[order[: budget - lo.sum()], 3].astype(np.int64), 1)
+    return counts
+
+
+def objectives_for(rng, m, *, ties: bool):
+    p = rng.beta(0.5, 0.5, m)
+    alpha = rng.uniform(0.05, 20, m)
+    beta = rng.uniform(0.05, 20, m)
+    weights = rng.uniform(0, 3, m)
+    if ties:  # repeated values, and the edges p = 0 and p = 1
+        p = np.round(p, 1)
+        # Repeated posteriors (exact ties). Rounded parameters would also make
+        # different posteriors' levels coincide in exact arithmetic, which the
+        # engine treats as ties within 1e-10 and a float sort does not.
+        pick = rng.integers(0, 20, m)
+        alpha = alpha[:20][pick]
+        beta = beta[:20][pick]
+        beta[pick == 0] = 0.0  # p = 1 for sure
+        weights = np.round(weights, 1)
+    return [PointLevels(p), BetaLevels(alpha, beta, offset=1), KnapsackValue(p),
+            HitUtility(alpha, beta), PointHitUtility(p), RLOOVariance(p),
+            InverseCountCost(weights)]
+
+
+@pytest.mark.parametrize("m, ties", [(300, False), (300, True), (3000, True)])
+def test_fast_path_equals_exhaustive_sort_including_ties(m, ties):
+    rng = np.random.default_rng(m + ties)
+    lo = rng.integers(2, 4, m)
+    hi = lo + rng.integers(0, 9, m)
+    budget = int(rng.integers(lo.sum(), hi.sum() + 1))
+    for objective in objectives_for(rng, m, ties=ties):
+        counts = solve_separable(objective, budget, lo, hi)
+        np.testing.assert_array_equal(counts, sorted_reference(objective, budget, lo, hi),
+                                      err_msg=type(objective).__name__)
+
+
+@pytest.mark.slow
+def test_subsample_path_equals_exhaustive_sort():
+    # M >= 32768 takes the subsample-seeded path.
+    m = 40_000
+    rng = np.random.default_rng(5)
+    lo = rng.integers(2, 4, m)
+    hi = lo + rng.integers(0, 8, m)  # more gains than one collection takes
+    budget = int(rng.integers(lo.sum(), hi.sum() + 1))
+    for objective in objectives_for(rng, m, ties=True)[:4]:
+        stats = np.zeros(4, dtype=np.int64)
+        counts = solve_separable(objective, budget, lo, hi, stats=stats)
+        assert stats[3] >= 1, "the subsample path was not taken"
+        np.testing.assert_array_equal(counts, sorted_reference(objective, budget, lo, hi),
+                                      err_msg=type(objective).__name__)
+
+
+@pytest.mark.parametrize("edges", [False, True])
+def test_point_levels_reproduce_the_sera_waterline_solver(edges):
+    rng = np.random.default_rng(7 + edges)
+    for _ in range(20):
+        m = int(rng.integers(1, 60))
+        p = rng.uniform(0, 1, m)
+        if edges:
+            p[rng.integers(0, m, 3)] = rng.choice([0.0, 1.0], 3)
+            p = np.round(p, 1)
+        offset = int(rng.integers(0, 2))
+        lo = 1 + offset + int(rng.integers(0, 2))
+        hi = lo + int(rng.integers(0, 10))
+        budget = int(rng.integers(lo * m, hi * m + 1))
+        want = sera_opt.allocate(p, budget, min_rollouts=lo, max_rollouts=hi, offset=offset,
+                                 solver="waterline").counts
+        got = solve_separable(PointLevels(p, offset), budget, lo, hi)
+        np.testing.assert_array_equal(got, want)
+
+
+def test_unbounded_and_extreme_budgets():
+    p = np.array([0.2, 0.5, 0.9])
+    objective = KnapsackValue(p)
+    assert solve_separable(objective, 6, 2, 100).tolist() == [2, 2, 2]
+    assert solve_separable(objective, 300, 2, 100).tolist() == [100, 100, 100]
+    # A very large per-prompt cap: counts far beyond any table still come out exact.
+    objective = InverseCountCost([1.0, 4.0, 9.0])
+    counts = solve_separable(objective, 6_000_000, 1, 10**9)
+    assert counts.tolist() == [1_000_000, 2_000_000, 3_000_000]
+
+
+def test_bad_inputs_raise_the_library_error():
+    with pytest.raises(InfeasibleBudgetError):
+        solve_separable(KnapsackValue([0.2, 0.4]), 3, 2, 5)
+    with pytest.raises(InfeasibleBudgetError):
+        solve_separable(KnapsackValue([0.2, 0.4]), 11, 2, 5)
+    with pytest.raises(SeraOptError, match="shape"):
+        solve_separable(KnapsackValue([0.2, 0.4]), 6, [1, 2, 3], 5)
+    with pytest.raises(SeraOptError, match="whole numbers"):
+        solve_separable(KnapsackValue([0.2, 0.4]), 6, 1.5, 5)
+    with pytest.raises(SeraOptError, match="SeparableObjective"):
+        solve_separable("knapsack", 6, 1, 5)
+    with pytest.raises(SeraOptError, match="both 0"):
+        BetaLevels([0.0], [0.0])
+    with pytest.raises(SeraOptError, match=">= 0"):
+        HitUtility([1.0], [-1.0])
+    with pytest.raises(SeraOptError, match="NaN"):
+        KnapsackValue([np.nan])
+    with pytest.raises(SeraOptError, match="weights"):
+        InverseCountCost([-1.0])
+    with pytest.raises(SeraOptError, match="gamma"):
+        RLOOVariance([0.5], gamma=-1)
+
+
+def test_terms_are_the_documented_formulas():
+    p = np.array([0.0, 0.3, 1.0])
+    n = np.array([3, 4, 5])
+    np.testing.assert_allclose(KnapsackValue(p).terms(n),
+                               (1 - p**n - (1 - p) ** n) * p * (1 - p) ** 2, atol=1e-15)
+    np.testing.assert_allclose(PointHitUtility(p).terms(n), 1 - (1 - p) ** n)
+    q = np.array([0.2, 0.5])
+    np.testing.assert_allclose(RLOOVariance(q, gamma=0.01).terms(np.array([3, 5])),
+                               q * (1 - q) / np.array([2, 4]) + 0.01 * np.log(q) * [3, 5])
+    np.testing.assert_allclose(InverseCountCost([2.0, 3.0]).terms(np.array([4, 6])), [0.5, 0.5])
+    # E[(1 - p)^m] under Beta(a, b) is a product of ratios.
+    a, b, m = 2.5, 4.0, 6
+    product = np.prod([(b + j) / (a + b + j) for j in range(m)])
+    assert HitUtility([a], [b]).terms(np.array([m]))[0] == pytest.approx(1 - product, rel=1e-12)
+    level = BetaLevels([a], [b], offset=1).terms(np.array([m + 1]))[0]
+    assert level == pytest.approx(-np.log(product), rel=1e-12)
