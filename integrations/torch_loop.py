@@ -221,7 +221,11 @@ def check_planner_offset(planner: Any, estimator: str, *, stacklevel: int = 2) -
     expected = sera_opt.ESTIMATOR_OFFSETS.get(estimator)
     policy = getattr(planner, "policy", None)
     offset = getattr(policy, "offset", None)
-    if expected is None or offset is None or not str(getattr(policy, "name", "")).startswith("sera"):
+    if (
+        expected is None
+        or offset is None
+        or not str(getattr(policy, "name", "")).startswith("sera")
+    ):
         return
     if int(offset) != expected:
         warnings.warn(
@@ -332,8 +336,10 @@ def maxrl_loss(
         rollouts do not get more weight. Keep it on with planned counts.
     success_threshold : float, optional
         Passed to :func:`sera_opt.maxrl_advantages`.
-    process_group : optional
-        Passed to :func:`sera_opt.maxrl_advantages` for data parallelism.
+    process_group : torch.distributed.ProcessGroup, optional
+        Data parallelism: passed to :func:`sera_opt.maxrl_advantages` (global counts
+        per prompt) and :func:`sera_opt.policy_gradient_loss` (global normaliser, for
+        gradients averaged over the group).
 
     Returns
     -------
@@ -374,6 +380,10 @@ def maxrl_loss(
     index = torch.as_tensor(
         np.asarray(prompt_index) if not isinstance(prompt_index, torch.Tensor) else prompt_index
     )
+    if index.is_floating_point() or index.is_complex() or index.dtype == torch.bool:
+        raise SeraOptError(
+            f"prompt_index must hold integers (one prompt position or id per row); got dtype {index.dtype}."
+        )
     index = index.to(device=log_probs.device, dtype=torch.long).reshape(-1)
     if index.shape[0] != num_rows:
         raise SeraOptError(

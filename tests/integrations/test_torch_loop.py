@@ -194,6 +194,8 @@ def test_maxrl_loss_rejects_bad_input():
         maxrl_loss(logps, [0, 1, 0, 1], [0, 0, 1, 1], mode="mean")
     with pytest.raises(SeraOptError, match="torch.Tensor"):
         maxrl_loss(np.zeros(4), [0, 1, 0, 1], [0, 0, 1, 1])
+    with pytest.raises(SeraOptError, match="integers"):
+        maxrl_loss(logps, [0, 1, 0, 1], [0.0, 0.5, 1.0, 1.0])
     with pytest.raises(SeraOptError, match="binary"):
         maxrl_loss(logps, [0, 0.5, 0, 1], [0, 0, 1, 1])
 
