@@ -201,7 +201,7 @@ class SuccessTracker:
             )
         if isinstance(prompt_ids, (list, tuple)) and prompt_ids and isinstance(prompt_ids[0], str):
             # A list of strings: keep it (numpy's fixed-width copy would cost more).
-            if not all(type(x) is str for x in prompt_ids):
+            if set(map(type, prompt_ids)) != {str}:
                 raise SeraOptError(
                     "prompt_ids mix strings with other types; use one kind of id (all int or "
                     "all str)."
@@ -358,7 +358,10 @@ class SuccessTracker:
     def _lookup_str(self, ids: list, insert: bool) -> np.ndarray:
         index = self._str_index
         get = index.get
-        slots = np.fromiter((get(x, -1) for x in ids), dtype=np.int64, count=len(ids))
+        # One dict lookup per rollout (None for unknown ids becomes -1 below).
+        found = list(map(get, ids))
+        slots = np.fromiter((-1 if v is None else v for v in found), dtype=np.int64,
+                            count=len(ids)) if None in found else np.array(found, dtype=np.int64)
         if not insert:
             return slots
         missing = np.flatnonzero(slots < 0)

@@ -253,3 +253,14 @@ def test_id_kinds_are_not_mixed_and_dense_ids_are_checked():
 def test_bad_configuration(kwargs, match):
     with pytest.raises(SeraOptError, match=match):
         SuccessTracker(**kwargs)
+
+
+def test_tracking_benchmark_measures_against_its_baseline(tmp_path):
+    from sera_opt.benchmarks import tracking as bench
+
+    result = bench.time_tracker(3000, 1000, 1, np.random.default_rng(0), False)
+    cases = {row["case"]: row for row in result["rows"]}
+    assert cases["np.bincount (baseline)"]["ratio_wall"] == 1.0
+    for kind in ("dense (num_prompts=N)", "int ids (direct table)", "string ids"):
+        row = cases[f"{kind} | update + estimate"]
+        assert row["wall_s"] > 0 and row["ratio_wall"] > 0

@@ -16,16 +16,23 @@ The one-at-a-time greedy takes exactly the ``S`` largest gains over all rows
 directly: a bracket ``(b, a]`` on the gain value with ``#{g > a} <= S <=
 #{g > b}``, narrowed by passes that count, per row, the gains above a value
 (a closed-form guess of the row's crossing, then a galloping search that
-settles it exactly with the gain function itself), until few gains remain in
-the bracket; those are collected and the ``S``-th largest is selected. For
-large ``M`` a strided subsample of the rows, solved first with the budget
-scaled, supplies the opening bracket.
+settles it exactly with the gain function itself; the gains at both bracket
+ends are cached per row, so later passes evaluate only rows whose count
+moves), until few gains remain in the bracket; those are collected and the
+``S``-th largest is selected. For large ``M`` a strided subsample of the rows,
+solved exactly for its share of the budget, supplies the trial values (a
+Newton step in budget space after each full pass).
 
-Ties exactly at the final threshold: for max-min objectives the step whose
-*next* level is highest goes first (the lexicographically better choice);
-then, for every objective, the lower current count ``k``, then the lower
-prompt index. Rows with a constant gain therefore share spare rollouts
-round-robin.
+All kernels use ``error_model="numpy"`` (a division by zero gives inf, as the
+gain formulas expect) and ``cache=True``.
+
+Ties at the final threshold: for max-min objectives the step whose *next*
+level is highest goes first (the lexicographically better choice); then, for
+every objective, the lower current count ``k``, then the lower prompt index.
+Tied steps are handed out one at a time (a heap over the rows), so each row
+still takes a prefix, and rows with a constant gain share spare rollouts
+round-robin. For max-min objectives a relative tolerance (``tie_rtol``) can
+widen "tied" to levels equal up to rounding.
 """
 
 from __future__ import annotations

@@ -22,13 +22,18 @@ above a trial value (a closed-form guess of the crossing per prompt, settled
 exactly by a galloping search on the gain itself), narrows the bracket with
 regula falsi and bisection, and selects among the few gains left. A strided
 subsample solved first gives the opening bracket when ``M`` is large. Cost:
-``O(M log(hi - lo))`` per pass and a handful of passes, plus a partition of
-at most ``max(65536, M / 8)`` gains; the kernels are compiled with numba.
+``O(M log(hi - lo))`` for the first pass, ``O(M)`` plus the moving rows for
+each later one, and a selection among at most ``max(65536, M / 8)`` collected
+gains; the kernels are compiled with numba.
 
 Ties at the final threshold (THEORY.md leaves them open): for max-min the
 step whose next level is highest goes first (lexicographically better), then
 for every shape the prompt with fewer rollouts so far, then the lower index.
 Prompts whose steps all have the same gain thus share spare rollouts evenly.
+For :class:`BetaLevels`, levels within ``1e-10`` (relative) of the threshold
+count as tied: levels that agree in exact arithmetic (two posteriors with the
+same mean, at one effective rollout) differ by rounding, and rounding must not
+decide a lexicographic optimum.
 
 Each objective below is a small class that states its per-prompt terms; a
 new objective needs its gain (and, for speed, a guess of where its gains
