@@ -50,6 +50,7 @@ __all__ = [
     "success_probs",
     "weighted_log_prob_gradient",
     "per_prompt_gradients",
+    "per_prompt_gradients_loop",
     "flat_parameters",
 ]
 
@@ -229,10 +230,25 @@ def weighted_log_prob_gradient(model: DigitsPolicy, inputs, labels, weights) -> 
 
 
 def per_prompt_gradients(model: DigitsPolicy, inputs, labels) -> np.ndarray:
-    """``grad log p_i`` for every prompt, shape (M, D), one backward pass each.
+    """``grad log p_i`` for every prompt, shape (M, D): one forward, M backward passes.
 
-    Slow but obviously correct; the tests compare the batched computations
-    against it.
+    The tests compare it with :func:`per_prompt_gradients_loop`.
+    """
+    logp = log_probs(model, inputs)
+    idx = torch.as_tensor(labels, dtype=torch.long)
+    log_success = logp[torch.arange(len(idx)), idx]
+    params = list(model.parameters())
+    rows = []
+    for i in range(len(idx)):
+        grads = torch.autograd.grad(log_success[i], params, retain_graph=True)
+        rows.append(torch.cat([g.reshape(-1) for g in grads]))
+    return torch.stack(rows).numpy()
+
+
+def per_prompt_gradients_loop(model: DigitsPolicy, inputs, labels) -> np.ndarray:
+    """``grad log p_i`` for every prompt, one backward pass each.
+
+    Slow but obviously correct: the reference for the batched computations.
     """
     rows = []
     for i in range(len(labels)):

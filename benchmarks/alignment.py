@@ -317,6 +317,27 @@ class BatchGradients:
         return -self._grad(loss)
 
 
+HOPELESS = 0.01
+
+
+def hopeless_prompts(model, inputs, labels) -> dict[str, float]:
+    """How much of the exact gradient the prompts with ``p < HOPELESS`` carry.
+
+    ``gradient_share``: the projection of their part of ``(1/M) sum_i grad log p_i``
+    on the whole, divided by its squared norm (the shares of all prompts sum to 1).
+    ``score_norm_ratio``: mean ``|grad log p_i|`` of those prompts over that of the others.
+    """
+    rows = _digits.per_prompt_gradients(model, inputs, labels)
+    p = _digits.success_probs(model, inputs, labels)
+    mask = p < HOPELESS
+    exact = rows.mean(axis=0)
+    norms = np.linalg.norm(rows, axis=1)
+    share = float(rows[mask].sum(axis=0) / len(p) @ exact / (exact @ exact))
+    ratio = (float(norms[mask].mean() / norms[~mask].mean())
+             if mask.any() and (~mask).any() else float("nan"))
+    return {"fraction": float(mask.mean()), "gradient_share": share, "score_norm_ratio": ratio}
+
+
 def _stream(config: AlignmentConfig, *parts) -> np.random.Generator:
     """A generator determined by the seed and ``parts`` only (stable across runs and methods)."""
     key = [config.seed] + [zlib.crc32(str(p).encode()) for p in parts]
@@ -371,7 +392,8 @@ def _run(config: AlignmentConfig, *, show_progress: bool, sampled: bool, log) ->
 
     rows: dict[str, dict[int, dict[str, list]]] = {
         m.key: {b: {"expected": [], "sampled": [], "min_factor": [], "weight_cv": [],
-                    "max_count": []} for b in config.budgets}
+                    "max_count": [], "fraction_at_min": [], "top5_share": []}
+            for b in config.budgets}
         for m in methods
     }
     failures: dict[str, dict[int, str]] = {}
@@ -381,6 +403,10 @@ def _run(config: AlignmentConfig, *, show_progress: bool, sampled: bool, log) ->
     sera_opt.allocate(np.array([0.2, 0.5, 0.9]), 6)
     setting.timings["first_allocate_s"] = time.perf_counter() - start
 
+    hopeless = []
+    for batch in setting.batches:
+        hopeless.append(hopeless_prompts(setting.policies.current, setting.inputs[batch],
+                                         setting.labels[batch]))
     steps = [(b_idx, budget) for b_idx in range(len(setting.batches)) for budget in config.budgets]
     gradients_s = 0.0
     allocate_s = 0.0
@@ -427,6 +453,8 @@ def _run(config: AlignmentConfig, *, show_progress: bool, sampled: bool, log) ->
             row["weight_cv"].append(float(scaled.std() / scaled.mean()) if scaled.mean() > 0
                                     else float("inf"))
             row["max_count"].append(int(counts.max()))
+            row["fraction_at_min"].append(float((counts == lo).mean()))
+            row["top5_share"].append(float(np.sort(counts)[-5:].sum() / budget))
             if sampled:
                 rng = _stream(config, "draws", b_idx, nbar, method.key)
                 for _ in range(config.draws):
@@ -454,6 +482,8 @@ def _run(config: AlignmentConfig, *, show_progress: bool, sampled: bool, log) ->
                 "min_factor": float(np.mean(row["min_factor"])),
                 "weight_cv": float(np.mean(row["weight_cv"])),
                 "max_count": int(max(row["max_count"])),
+                "fraction_at_min": float(np.mean(row["fraction_at_min"])),
+                "top5_share": float(np.mean(row["top5_share"])),
             }
             for metric in ("cosine", "relative_error", "norm_ratio"):
                 per_batch = [s[metric] for s in row["expected"]]
@@ -489,6 +519,10 @@ def _run(config: AlignmentConfig, *, show_progress: bool, sampled: bool, log) ->
             "mean": float(setting.success_probs[in_batches].mean()),
             "fraction_below_0.01": float((setting.success_probs[in_batches] < 0.01).mean()),
             "fraction_above_0.95": float((setting.success_probs[in_batches] > 0.95).mean()),
+            "hopeless_below": HOPELESS,
+            "hopeless_gradient_share": float(np.mean([h["gradient_share"] for h in hopeless])),
+            "hopeless_score_norm_ratio": float(np.mean([h["score_norm_ratio"] for h in hopeless])),
+            "tracker_min": float(setting.tracker_estimates[in_batches].min()),
             "tracker_mean_abs_error": float(np.abs(
                 setting.tracker_estimates[in_batches] - setting.success_probs[in_batches]).mean()),
         },

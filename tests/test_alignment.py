@@ -86,7 +86,7 @@ def test_softmax_regression_score_closed_form():
     model = tiny_policy(2, hidden=0, temperature=temperature)
     inputs = rng.random((6, 5))
     labels = rng.integers(0, 10, 6)
-    rows = _digits.per_prompt_gradients(model, inputs, labels)
+    rows = _digits.per_prompt_gradients_loop(model, inputs, labels)
     with torch.no_grad():
         q = _digits.log_probs(model, inputs).exp().numpy()
     onehot = np.eye(10)[labels]
@@ -101,13 +101,35 @@ def test_batch_gradients_are_weighted_sums_of_per_prompt_gradients():
     model = tiny_policy(3)
     inputs = rng.random((7, 5))
     labels = rng.integers(0, 10, 7)
-    rows = _digits.per_prompt_gradients(model, inputs, labels)
+    rows = _digits.per_prompt_gradients_loop(model, inputs, labels)
+    np.testing.assert_allclose(_digits.per_prompt_gradients(model, inputs, labels), rows,
+                               rtol=1e-12, atol=1e-14)
     grads = al.BatchGradients(model, inputs, labels)
     np.testing.assert_allclose(grads.exact, rows.mean(axis=0), rtol=1e-10, atol=1e-13)
     coef = rng.random(7)
     np.testing.assert_allclose(grads.weighted(coef), coef @ rows, rtol=1e-10, atol=1e-13)
     np.testing.assert_allclose(grads.success_probs,
                                _digits.success_probs(model, inputs, labels), rtol=1e-12)
+
+
+def test_hopeless_prompts_share():
+    rng = np.random.default_rng(6)
+    model = tiny_policy(7, hidden=0, temperature=0.2)
+    inputs = rng.random((12, 5))
+    with torch.no_grad():
+        q = _digits.log_probs(model, inputs).exp().numpy()
+    labels = np.argsort(q, axis=1)[:, 0]  # the least likely label: hopeless prompts
+    labels[:6] = np.argmax(q[:6], axis=1)  # half of them solved
+    rows = _digits.per_prompt_gradients_loop(model, inputs, labels)
+    p = q[np.arange(12), labels]
+    mask = p < al.HOPELESS
+    assert 0 < mask.sum() < 12
+    exact = rows.mean(axis=0)
+    out = al.hopeless_prompts(model, inputs, labels)
+    assert out["fraction"] == pytest.approx(mask.mean())
+    assert out["gradient_share"] == pytest.approx(rows[mask].sum(0) / 12 @ exact / (exact @ exact))
+    assert out["score_norm_ratio"] == pytest.approx(
+        np.linalg.norm(rows[mask], axis=1).mean() / np.linalg.norm(rows[~mask], axis=1).mean())
 
 
 def test_alignment_scores():
