@@ -81,8 +81,15 @@ def load_prompts(*, via_sklearn: bool = False) -> tuple[np.ndarray, np.ndarray]:
             table = np.loadtxt(fh, delimiter=",")
         data, target = table[:, :-1], table[:, -1]
     else:
-        from sklearn.datasets import load_digits
+        try:
+            from sklearn.datasets import load_digits
+        except ImportError as exc:
+            from sera_opt.exceptions import MissingDependencyError
 
+            raise MissingDependencyError(
+                "the digits data ships with scikit-learn, which is not installed; "
+                "install it with `pip install 'sera_opt[bench]'` (or `pip install scikit-learn`)."
+            ) from exc
         bunch = load_digits()
         data, target = bunch.data, bunch.target
     return (data / 16.0).astype(np.float64), target.astype(np.int64)

@@ -226,6 +226,24 @@ def test_digits_file_matches_load_digits():
     assert fast[0].shape == (1797, 64) and fast[0].max() == 1.0 and fast[0].min() == 0.0
 
 
+def test_missing_scikit_learn_is_a_clear_error(monkeypatch):
+    import builtins
+
+    import sera_opt
+
+    real_import = builtins.__import__
+
+    def no_sklearn(name, *args, **kwargs):
+        if name == "sklearn" or name.startswith("sklearn."):
+            raise ImportError("No module named 'sklearn'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(_digits, "_digits_file", lambda: None)
+    monkeypatch.setattr(builtins, "__import__", no_sklearn)
+    with pytest.raises(sera_opt.MissingDependencyError, match=r"sera_opt\[bench\]"):
+        _digits.load_prompts()
+
+
 def test_training_gives_a_wide_spread_and_is_reproducible():
     inputs, labels = _digits.load_prompts()
     a = _digits.train_policies(inputs, labels, seed=0, steps=300, lag=50)
