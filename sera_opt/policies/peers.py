@@ -153,7 +153,6 @@ class HORAPolicy(PosteriorPolicy):
         start = time.perf_counter()
         if alpha is None:
             objective = PointHitUtility(problem.success_probs)
-            factors = None
         else:
             objective = HitUtility(alpha, beta)
         counts = objective.solve(problem.budget, problem.min_rollouts, problem.max_rollouts)

@@ -104,6 +104,28 @@ def prepare(kind, p0, p1):
 
 
 @njit(cache=True, error_model="numpy")
+def _log_beta_moment(a, b, lgamma_ratio, m):
+    """``log E[(1 - p)^m]`` for ``p ~ Beta(a, b)``, ``a, b > 0``, ``m >= 0``.
+
+    Up to ``_PRODUCT_MAX`` the product of ratios ``(b + j) / (a + b + j)``:
+    accurate to a few ulps (a log-gamma difference loses digits to
+    cancellation), so that values equal in exact arithmetic come out equal to
+    about 1e-15, and cheaper than two log-gammas for small ``m``. Beyond, the
+    log-gamma difference (``lgamma_ratio = lgamma(a + b) - lgamma(b)``).
+    """
+    if m <= _PRODUCT_MAX:
+        q = 1.0
+        acc = 0.0
+        for j in range(m):
+            q *= (b + j) / (a + b + j)
+            if q < 1e-280:
+                acc += math.log(q)
+                q = 1.0
+        return acc + math.log(q)
+    return lgamma_ratio + (math.lgamma(b + m) - math.lgamma(a + b + m))
+
+
+@njit(cache=True, error_model="numpy")
 def gain(kind, x0, x1, x2, c, k):
     """Gain of prompt's step ``k -> k + 1`` (see the module docstring)."""
     if kind == POINT_LEVELS:
@@ -119,19 +141,7 @@ def gain(kind, x0, x1, x2, c, k):
             return 0.0
         if x1 == 0.0:
             return -_INF
-        if m <= _PRODUCT_MAX:
-            # The product of ratios is accurate to a few ulps (the log-gamma
-            # difference loses digits to cancellation), so that levels which
-            # are equal in exact arithmetic come out equal to ~1e-15.
-            q = 1.0
-            acc = 0.0
-            for j in range(m):
-                q *= (x1 + j) / (x0 + x1 + j)
-                if q < 1e-280:
-                    acc += math.log(q)
-                    q = 1.0
-            return acc + math.log(q)
-        return x2 + (math.lgamma(x1 + m) - math.lgamma(x0 + x1 + m))
+        return _log_beta_moment(x0, x1, x2, m)
     if kind == KNAPSACK:
         if x0 == 0.0:
             return 0.0
@@ -145,8 +155,7 @@ def gain(kind, x0, x1, x2, c, k):
             return -_INF
         if x1 == 0.0:
             return 0.0 if k == 0 else -_INF
-        return (x2 + (math.lgamma(x1 + k) - math.lgamma(x0 + x1 + k))
-                + math.log(x0 / (x0 + x1 + k)))
+        return _log_beta_moment(x0, x1, x2, k) + math.log(x0 / (x0 + x1 + k))
     if kind == RLOO_VARIANCE:
         if k <= 1:
             return _INF if x0 > 0.0 else x1
@@ -959,7 +968,7 @@ def values(kind, p0, p1, p2, c, counts):
             elif x1 == 0.0:
                 out[i] = 1.0 if n >= 1 else 0.0
             else:
-                out[i] = -math.expm1(x2 + math.lgamma(x1 + n) - math.lgamma(x0 + x1 + n))
+                out[i] = -math.expm1(_log_beta_moment(x0, x1, x2, n))
         elif kind == POINT_HIT:
             if x0 == 0.0 or n <= 0:
                 out[i] = 0.0
