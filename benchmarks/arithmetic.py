@@ -67,7 +67,7 @@ class ExperimentConfig:
     sft_check_every: int = 20
     sft_probe_samples: int = 2
     # MaxRL
-    policies: tuple[str, ...] = ("uniform", "sera", "knapsack")
+    policies: tuple[str, ...] = ("uniform", "sera", "knapsack", "hora")
     rl_steps: int = 400
     prompts_per_step: int = 32
     rollouts_per_prompt: int = 8
@@ -136,7 +136,7 @@ PRESETS: dict[str, ExperimentConfig] = {
         max_digits=5, num_train=4096, num_test=1024, d_model=128, n_layers=4,
         sft_steps=1500, sft_batch=256, rl_steps=1000, prompts_per_step=128,
         max_rollouts=64, eval_samples=256, curve_every=50, curve_samples=16, seeds=5,
-        policies=("uniform", "sera", "knapsack", "hora"),
+        policies=("uniform", "sera", "knapsack", "hora", "sera-bayes"),
     ),
 }
 
@@ -481,7 +481,7 @@ def _plot_pass_at_k(cfg, summary, runs, out_dir: Path) -> Path:
     import matplotlib.pyplot as plt
 
     ks = np.arange(1, cfg.max_k + 1)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
     ax = axes[0]
     for name in ["warm_start", *cfg.policies]:
         s = summary[name]
@@ -509,6 +509,22 @@ def _plot_pass_at_k(cfg, summary, runs, out_dir: Path) -> Path:
     ax.set_ylabel("pass@k minus uniform's (same seed)")
     ax.set_title("paired difference (thin: single seeds)")
     ax.legend()
+    ax = axes[2]
+    names = ["warm_start", *cfg.policies]
+    digit_keys = sorted(runs[0]["warm_start"]["pass_at_k_by_digits"], key=int)
+    width = 0.8 / len(names)
+    for j, name in enumerate(names):
+        values = []
+        for d in digit_keys:
+            rows = [run["warm_start"] if name == "warm_start" else run["policies"][name]
+                    for run in runs]
+            values.append(np.mean([row["pass_at_k_by_digits"][d][-1] for row in rows]))
+        ax.bar(np.arange(len(digit_keys)) + (j - (len(names) - 1) / 2) * width, values, width,
+               color=_COLORS.get(name), label=name.replace("_", " "))
+    ax.set_xticks(np.arange(len(digit_keys)), [f"{d} digit{'s' if int(d) > 1 else ''}" for d in digit_keys])
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel(f"pass@{cfg.max_k}")
+    ax.set_title(f"pass@{cfg.max_k} by the longer operand's digit count")
     fig.suptitle(f"MaxRL on {cfg.max_digits}-digit addition, budget {cfg.budget} rollouts/step, "
                  f"{cfg.rl_steps} steps")
     return _harness.save_figure(fig, out_dir, NAME)
@@ -525,53 +541,54 @@ def _plot_training(cfg, runs, out_dir: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    diag_keys = sorted({key for run in runs for p in cfg.policies
-                        for row in run["policies"][p]["curves"]["diagnostics"] for key in row})
-    wanted = [k for k in _DIAGNOSTIC_PLOTS if k in diag_keys]
-    panels = ["mean_reward", *wanted, "pass_at_1"]
-    cols = 3
-    rows_n = int(np.ceil(len(panels) / cols))
-    fig, axes = plt.subplots(rows_n, cols, figsize=(4.2 * cols, 3.2 * rows_n), squeeze=False)
+    fig, axes = plt.subplots(2, 3, figsize=(12.6, 6.4))
     window = max(1, cfg.rl_steps // 20)
-    for ax, panel in zip(axes.flat, panels):
+    kernel = np.ones(window) / window
+
+    def smooth_plot(ax, y, **style):
+        y = np.asarray(y, dtype=float)
+        smooth = np.convolve(y, kernel, mode="valid") if y.size >= window else y
+        ax.plot(np.arange(smooth.size) + (window - 1 if y.size >= window else 0), smooth,
+                **style)
+
+    for ax, (panel, title) in zip(axes.flat, _TRAINING_PANELS):
         for policy in cfg.policies:
             color = _COLORS.get(policy)
-            if panel == "pass_at_1":
+            if panel in ("pass_at_1", "pass_at_max"):
                 steps = runs[0]["policies"][policy]["checkpoints"]["step"]
-                y = _mean_curve(runs, policy, lambda r: r["checkpoints"]["pass_at_1"])
+                y = _mean_curve(runs, policy, lambda r, key=panel: r["checkpoints"][key])
                 ax.plot(steps, y, marker="o", ms=3, color=color, label=policy)
-                continue
-            if panel == "mean_reward":
-                y = _mean_curve(runs, policy, lambda r: r["curves"]["mean_reward"])
+            elif panel == "mean_reward":
+                smooth_plot(ax, _mean_curve(runs, policy, lambda r: r["curves"]["mean_reward"]),
+                            color=color, label=policy)
             else:
-                y = _mean_curve(runs, policy, lambda r, key=panel: [
-                    row.get(key, np.nan) for row in r["curves"]["diagnostics"]])
-            kernel = np.ones(window) / window
-            smooth = np.convolve(y, kernel, mode="valid") if y.size >= window else y
-            ax.plot(np.arange(smooth.size) + window - 1, smooth, color=color, label=policy)
-        ax.set_title(_PANEL_TITLES.get(panel, panel.replace("_", " ")), fontsize=10)
+                for source, style in (("diagnostics", "-"), ("diagnostics_planned", ":")):
+                    if panel == "zero_success_fraction" and source == "diagnostics_planned":
+                        continue  # the same count either way
+                    y = _mean_curve(runs, policy, lambda r, key=panel, src=source: [
+                        row.get(key, np.nan) for row in r["curves"][src]])
+                    smooth_plot(ax, y, color=color, ls=style,
+                                label=policy if source == "diagnostics" else None)
+        ax.set_title(title.format(k=cfg.curve_samples), fontsize=10)
         ax.set_xlabel("MaxRL step")
-    for ax in list(axes.flat)[len(panels):]:
-        ax.axis("off")
     axes.flat[0].legend()
-    fig.suptitle(f"training curves, mean over {len(runs)} seeds "
-                 f"(moving average over {window} steps)")
+    fig.suptitle(f"training curves, mean over {len(runs)} seeds (moving average over {window} "
+                 "steps; dotted: factors from the planner's estimates instead of the batch's)",
+                 fontsize=10)
     fig.tight_layout()
     return _harness.save_figure(fig, out_dir, f"{NAME}_training")
 
 
-#: Diagnostics of sera_opt.advantage_diagnostics shown in the training plot, when present.
-_DIAGNOSTIC_PLOTS = ("weight_spread", "factor_spread", "zero_success_fraction", "min_factor",
-                     "mean_factor")
-_PANEL_TITLES = {
-    "mean_reward": "training reward (mean over rollouts)",
-    "pass_at_1": "held-out pass@1 (checkpoints)",
-    "zero_success_fraction": "prompts with zero successes",
-    "weight_spread": "spread of the per-prompt weights",
-    "factor_spread": "spread of the attenuation factors",
-    "min_factor": "smallest attenuation factor",
-    "mean_factor": "mean attenuation factor",
-}
+#: (key, title) of the training plot's panels; the middle ones are keys of
+#: sera_opt.advantage_diagnostics.
+_TRAINING_PANELS = (
+    ("mean_reward", "training reward (mean over the step's rollouts)"),
+    ("zero_success_fraction", "prompts of the step with zero successes"),
+    ("weight_spread", "spread (std/mean) of the prompts' factors"),
+    ("min_factor", "smallest attenuation factor of the step"),
+    ("pass_at_1", "held-out pass@1 (checkpoints)"),
+    ("pass_at_max", "held-out pass@{k} (checkpoints)"),
+)
 
 
 # --------------------------------------------------------------------------- entry points
