@@ -189,3 +189,29 @@ def test_sera_policy_passes_its_solver_options():
     assert alloc.continuous is None
     assert alloc.counts.max() <= 8
     assert "continuous=False" in repr(policy)
+
+
+def test_sera_caps_by_max_ratio_when_no_max_is_given():
+    p = np.array([1e-4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99])
+    budget = 8 * 4
+    capped = get_policy("sera").allocate(p, budget)
+    assert capped.counts.max() == 16  # ceil(4.0 * 32 / 8)
+    uncapped = get_policy("sera", max_ratio=None).allocate(p, budget)
+    assert uncapped.counts[0] == budget - 7  # the hopeless prompt takes everything spare
+    assert get_policy("sera", max_ratio=2).allocate(p, budget).counts.max() == 8
+    # An explicit maximum wins over the ratio.
+    assert get_policy("sera", max_rollouts=5).allocate(p, budget).counts.max() == 5
+    assert get_policy("sera").allocate(p, budget, max_rollouts=6).counts.max() == 6
+    # Posterior-mean SERA takes the same option.
+    assert get_policy("sera-bayes").allocate(p, budget).counts.max() <= 16
+
+
+@pytest.mark.parametrize("bad", [0.5, "4", True])
+def test_max_ratio_is_validated(bad):
+    with pytest.raises(SeraOptError, match="max_ratio"):
+        get_policy("sera", max_ratio=bad)
+
+
+def test_policies_without_a_ratio_refuse_it():
+    with pytest.raises(SeraOptError, match="unexpected option"):
+        get_policy("uniform", max_ratio=4)

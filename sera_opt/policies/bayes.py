@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import time
+from abc import abstractmethod
 from dataclasses import replace
 from typing import Any, ClassVar
 
@@ -78,8 +79,9 @@ class PosteriorPolicy(AllocationPolicy):
     accepts_posterior: ClassVar[bool] = True
 
     def __init__(self, *, prior_strength: float = DEFAULT_PRIOR_STRENGTH, min_rollouts=None,
-                 max_rollouts=None, offset: int = 0):
-        super().__init__(min_rollouts=min_rollouts, max_rollouts=max_rollouts, offset=offset)
+                 max_rollouts=None, offset: int = 0, **bounds):
+        super().__init__(min_rollouts=min_rollouts, max_rollouts=max_rollouts, offset=offset,
+                         **bounds)
         self.prior_strength = _validate_strength(prior_strength)
 
     def allocate(self, success_probs, budget, *, min_rollouts=None, max_rollouts=None,
@@ -146,8 +148,9 @@ class PosteriorPolicy(AllocationPolicy):
             return self._allocate_posterior(problem, None, None)
         return self._allocate_posterior(problem, *post)
 
+    @abstractmethod
     def _allocate_posterior(self, problem, alpha, beta) -> Allocation:
-        raise NotImplementedError
+        """Allocate under ``Beta(alpha, beta)`` posteriors (``None``: exact probabilities)."""
 
     def _options(self) -> dict[str, Any]:
         return {"prior_strength": self.prior_strength, **super()._options()}
@@ -186,9 +189,12 @@ class SERABayesPolicy(PosteriorPolicy):
         :class:`PosteriorPolicy`).
     min_rollouts, max_rollouts, offset
         See :class:`AllocationPolicy`.
+    max_ratio : float or None, default 4
+        Cap used when no ``max_rollouts`` is given, as for :class:`SERAPolicy`.
     """
 
     name = "sera-bayes"
+    default_max_ratio = 4.0  # as SERAPolicy: see its max_ratio
 
     def _allocate_posterior(self, problem, alpha, beta) -> Allocation:
         start = time.perf_counter()

@@ -29,16 +29,26 @@ class SERAPolicy(AllocationPolicy):
         Which solver computes the allocation (see :func:`sera_opt.available_solvers`).
     min_rollouts, max_rollouts, offset
         See :class:`AllocationPolicy`.
+    max_ratio : float or None, default 4
+        Cap used when no ``max_rollouts`` is given: ``ceil(max_ratio * budget / M)``
+        rollouts per prompt. Max-min is ruled by the hardest prompts; with no cap,
+        prompts whose estimated p is near 0 absorb the budget while the others
+        stay at the minimum, which aligns the batch gradient *worse* than uniform
+        allocation (THEORY.md section 5; docs/benchmarks.md, alignment). Posterior
+        means from :class:`sera_opt.SuccessTracker` make SERA far less sensitive
+        to the cap. ``None`` removes it.
     **solver_options
         Passed to the solver (e.g. ``continuous=False`` for "waterline").
     """
 
     name = "sera"
     preference = 0
+    default_max_ratio = 4.0
 
     def __init__(self, solver="waterline", *, min_rollouts=None, max_rollouts=None,
-                 offset: int = 0, **solver_options: Any):
-        super().__init__(min_rollouts=min_rollouts, max_rollouts=max_rollouts, offset=offset)
+                 offset: int = 0, max_ratio=default_max_ratio, **solver_options: Any):
+        super().__init__(min_rollouts=min_rollouts, max_rollouts=max_rollouts, offset=offset,
+                         max_ratio=max_ratio)
         self.solver = get_solver(solver)
         self.solver_options = solver_options
 
