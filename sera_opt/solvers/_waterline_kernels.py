@@ -17,30 +17,34 @@ from numba import njit
 _COLLECT_MIN = 2048
 
 
-@njit(cache=True)
-def count_below(rates, m_lo, cap, level, out):
-    """Per prompt, how many pre-levels lie strictly below ``level``; returns the total.
+@njit(cache=True, inline="always")
+def _count_one(a, m, c, level):
+    """How many of ``a * (m + k)``, k = 0 .. c-1, lie strictly below ``level``.
 
     The division gives the count up to rounding; the two loops then settle it
     with the same products that the one-at-a-time greedy compares, so the
     result is exactly what the greedy would see.
     """
+    y = level / a - m
+    if y <= 0.0:
+        k = 0
+    elif y >= c:
+        k = c
+    else:
+        k = np.int64(np.ceil(y))
+    while k > 0 and a * (m + k - 1) >= level:
+        k -= 1
+    while k < c and a * (m + k) < level:
+        k += 1
+    return k
+
+
+@njit(cache=True)
+def count_below(rates, m_lo, cap, level, out):
+    """Per prompt, how many pre-levels lie strictly below ``level``; returns the total."""
     total = 0
     for i in range(rates.shape[0]):
-        a = rates[i]
-        m = m_lo[i]
-        c = cap[i]
-        y = level / a - m
-        if y <= 0.0:
-            k = 0
-        elif y >= c:
-            k = c
-        else:
-            k = np.int64(np.ceil(y))
-        while k > 0 and a * (m + k - 1) >= level:
-            k -= 1
-        while k < c and a * (m + k) < level:
-            k += 1
+        k = _count_one(rates[i], m_lo[i], cap[i], level)
         out[i] = k
         total += k
     return total
@@ -56,21 +60,9 @@ def count_below_slope(rates, m_lo, cap, level, out):
     total = 0
     slope = 0.0
     for i in range(rates.shape[0]):
-        a = rates[i]
-        m = m_lo[i]
-        c = cap[i]
-        y = level / a - m
-        if y <= 0.0:
-            k = 0
-        elif y >= c:
-            k = c
-        else:
-            k = np.int64(np.ceil(y))
-            slope += 1.0 / a
-        while k > 0 and a * (m + k - 1) >= level:
-            k -= 1
-        while k < c and a * (m + k) < level:
-            k += 1
+        k = _count_one(rates[i], m_lo[i], cap[i], level)
+        if 0 < k < cap[i]:
+            slope += 1.0 / rates[i]
         out[i] = k
         total += k
     return total, slope
