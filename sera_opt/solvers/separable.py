@@ -194,15 +194,9 @@ class BetaLevels(SeparableObjective):
         super().__init__(a, b, offset=offset)
 
 
-class KnapsackValue(SeparableObjective):
-    """Knapsack RL's value ``V(n, p) = (1 - p^n - (1-p)^n) p (1-p)^2`` (max-sum).
-
-    Prompts with ``p = 0`` or ``p = 1`` have ``V = 0``; leftover budget goes to
-    ``p = 0`` prompts (evenly) before ``p = 1`` prompts.
-    """
-
-    sense = "max-sum"
-    _kind = 2
+class _PointProbabilityObjective(SeparableObjective):
+    """An objective of known probabilities; the kernels read ``log p`` and
+    ``log(1 - p)`` (0 at the edges, which the kernels treat separately)."""
 
     def __init__(self, success_probs):
         p = _as_float_row(success_probs, "success_probs")
@@ -212,6 +206,17 @@ class KnapsackValue(SeparableObjective):
             logq = np.where(inner, np.log1p(-p), 0.0)
         super().__init__(p, logp)
         self._p2 = np.array(logq, dtype=np.float64, order="C")
+
+
+class KnapsackValue(_PointProbabilityObjective):
+    """Knapsack RL's value ``V(n, p) = (1 - p^n - (1-p)^n) p (1-p)^2`` (max-sum).
+
+    Prompts with ``p = 0`` or ``p = 1`` have ``V = 0``; leftover budget goes to
+    ``p = 0`` prompts (evenly) before ``p = 1`` prompts.
+    """
+
+    sense = "max-sum"
+    _kind = 2
 
 
 class HitUtility(SeparableObjective):
@@ -229,21 +234,12 @@ class HitUtility(SeparableObjective):
         super().__init__(a, b)
 
 
-class PointHitUtility(SeparableObjective):
+class PointHitUtility(_PointProbabilityObjective):
     """The hit utility ``1 - (1 - p)^n`` for known ``p`` (max-sum): HORA without
     posterior uncertainty. Gains ``(1 - p)^n p`` are compared in log space."""
 
     sense = "max-sum"
     _kind = 6
-
-    def __init__(self, success_probs):
-        p = _as_float_row(success_probs, "success_probs")
-        inner = (p > 0) & (p < 1)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            logp = np.where(inner, np.log(p), 0.0)
-            logq = np.where(inner, np.log1p(-p), 0.0)
-        super().__init__(p, logp)
-        self._p2 = np.array(logq, dtype=np.float64, order="C")
 
 
 class RLOOVariance(SeparableObjective):
