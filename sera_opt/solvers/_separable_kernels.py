@@ -366,9 +366,9 @@ def _active(na, nb, rows):
 
 
 @njit(cache=True, error_model="numpy")
-def _sift_down_min(a, start, end):
-    # Min-heap on a[start:end] rooted at `start` (heap offsets relative to it).
-    root = 0
+def _sift_down_min(a, start, end, root):
+    # Min-heap on a[start:end] rooted at `start` (heap offsets relative to it);
+    # sifts the entry at offset `root` down.
     n = end - start
     while True:
         child = 2 * root + 1
@@ -433,26 +433,11 @@ def _kth_largest(a, r):
     # Keep the (target - lo + 1) largest of a[lo:hi+1] in a min-heap.
     size = target - lo + 1
     for s in range(size // 2 - 1, -1, -1):
-        root_shift = s
-        # sift down from s within a[lo:lo+size]
-        root = root_shift
-        while True:
-            child = 2 * root + 1
-            if child >= size:
-                break
-            if child + 1 < size and a[lo + child + 1] < a[lo + child]:
-                child += 1
-            if a[lo + child] < a[lo + root]:
-                t = a[lo + child]
-                a[lo + child] = a[lo + root]
-                a[lo + root] = t
-                root = child
-            else:
-                break
+        _sift_down_min(a, lo, lo + size, s)
     for i in range(lo + size, hi + 1):
         if a[i] > a[lo]:
             a[lo] = a[i]
-            _sift_down_min(a, lo, lo + size)
+            _sift_down_min(a, lo, lo + size, 0)
     return a[lo]
 
 
