@@ -56,7 +56,7 @@ class MazeConfig:
     warmup_mazes: int = 64
     warmup_lr: float = 3e-3
     # MaxRL training (per arm)
-    steps: int = 120
+    steps: int = 150
     mazes_per_step: int = 32
     rollouts_per_maze: int = 8
     min_rollouts: int = 2
@@ -65,14 +65,15 @@ class MazeConfig:
     estimator: str = "mean_centred"
     loss_mode: str = "seq-mean-token-sum"
     multiplicity_correction: bool = True
-    arms: tuple[str, ...] = ("uniform", "sera", "knapsack")
+    tracker_decay: float = 1.0
+    arms: tuple[str, ...] = ("uniform", "sera", "knapsack", "hora")
     # evaluation
     eval_samples: int = 128
     k_max: int = 64
-    eval_every: int = 40
+    eval_every: int = 20
     curve_samples: int = 16
     # runs
-    seeds: int = 3
+    seeds: int = 8
     device: str = "cpu"
 
     def __post_init__(self):
@@ -119,7 +120,11 @@ class MazeConfig:
 PRESETS: dict[str, MazeConfig] = {
     "default": MazeConfig(),
     "quick": MazeConfig(num_train=96, num_test=48, warmup_steps=20, steps=30,
-                        mazes_per_step=16, eval_samples=64, eval_every=15, seeds=3),
+                        mazes_per_step=16, eval_samples=64, eval_every=10, seeds=3,
+                        arms=("uniform", "sera", "knapsack")),
+    # Larger mazes for the same horizon and half the rollouts: many mazes stay
+    # near zero success, the regime where max-min allocation is most exposed.
+    "hard": MazeConfig(sizes=(4, 10), horizon=64, rollouts_per_maze=4, seeds=5),
     # For a GPU: more mazes, larger grids, a longer horizon and more steps.
     "large": MazeConfig(sizes=(4, 12), num_train=2048, num_test=512, horizon=120,
                         hidden=256, warmup_steps=80, warmup_mazes=256, steps=1000,
@@ -268,7 +273,8 @@ def run_seed_warmup(config: MazeConfig, seed: int) -> dict:
 def _planner(arm: str, config: MazeConfig):
     import sera_opt
 
-    return sera_opt.RolloutPlanner(arm, tracker=sera_opt.SuccessTracker(),
+    tracker = sera_opt.SuccessTracker(decay=config.tracker_decay)
+    return sera_opt.RolloutPlanner(arm, tracker=tracker,
                                    min_rollouts=config.min_rollouts,
                                    max_rollouts=config.max_rollouts, offset=config.offset)
 
@@ -285,11 +291,13 @@ def train_arm(policy, planner, train: MazeBatch, test: MazeBatch, config: MazeCo
     """
     import torch
 
+    import sera_opt
     from sera_opt.integrations import torch_loop
 
     optimizer = torch.optim.Adam(policy.parameters(), lr=config.lr)
     curves: dict[str, list] = {"success_rate": [], "maze_success_rate": [], "counts_max": [],
                                "counts_std": [], "loss": [], "diagnostics": [],
+                               "planned_diagnostics": [],
                                "eval_step": [], "eval_pass_at_1": [], "eval_pass_at_k_max": []}
 
     def walk(plan):
@@ -302,6 +310,8 @@ def train_arm(policy, planner, train: MazeBatch, test: MazeBatch, config: MazeCo
                               enabled=show_progress)
     for step in steps:
         ids = rng.choice(train.num_mazes, size=config.mazes_per_step, replace=False)
+        # The estimates the planner allocates from, read before the step observes.
+        estimates = np.asarray(planner.tracker.estimate(ids.tolist()), dtype=np.float64)
         out = torch_loop.maxrl_step(planner, ids, config.budget, walk, mode=config.loss_mode,
                                     estimator=config.estimator,
                                     multiplicity_correction=config.multiplicity_correction)
@@ -318,6 +328,17 @@ def train_arm(policy, planner, train: MazeBatch, test: MazeBatch, config: MazeCo
         curves["counts_std"].append(float(counts.std()))
         curves["loss"].append(float(out.loss.detach()))
         curves["diagnostics"].append(out.diagnostics)
+        # Effective weights judged by the planner's own estimates rather than by
+        # the batch's outcomes: what the allocation set out to equalize.
+        planned = sera_opt.advantage_diagnostics(
+            out.rewards, out.plan.prompt_index_tensor(out.rewards.device),
+            estimator=config.estimator,
+            multiplicity_correction=config.multiplicity_correction,
+            success_probs=torch.as_tensor(estimates[out.plan.prompt_index],
+                                          device=out.rewards.device))
+        curves["planned_diagnostics"].append(
+            {k: float(planned[k]) for k in ("min_factor", "mean_factor", "weight_spread",
+                                            "alignment_proxy")})
         if config.eval_every and (step + 1) % config.eval_every == 0:
             succ = evaluate(policy, test, config, eval_generator, samples=config.curve_samples)
             curve = pass_at_k_curve(succ, config.curve_samples, config.curve_samples)

@@ -44,16 +44,22 @@ def build_parser():
                         help="number of runs; run i uses seed SEED + i")
     parser.add_argument("--steps", type=int, default=None, help="MaxRL steps per arm")
     parser.add_argument("--arms", default=None,
-                        help="comma-separated allocation rules (default: uniform,sera,knapsack)")
+                        help="comma-separated allocation rules, uniform first (default: "
+                             "uniform,sera,knapsack,hora)")
     parser.add_argument("--rollouts-per-maze", type=int, default=None,
                         help="average rollouts per maze; the budget per step is this times "
                              "the mazes per step")
     parser.add_argument("--mazes-per-step", type=int, default=None, help="mazes in each batch")
+    parser.add_argument("--max-rollouts", type=int, default=None,
+                        help="most rollouts one maze may get in a step (default 32)")
+    parser.add_argument("--tracker-decay", type=float, default=None,
+                        help="SuccessTracker decay: weight kept by old evidence per step "
+                             "(default 1: no forgetting)")
     parser.add_argument("--device", default="cpu",
                         help="torch device: cpu, cuda, or auto (cuda when available)")
-    parser.add_argument("--workers", type=int, default=1,
-                        help="parallel processes on CPU, one thread each (results do not "
-                             "depend on it)")
+    parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
+                        help="parallel processes on CPU, one thread each (default: 2 or the "
+                             "number of CPUs if fewer; results do not depend on it)")
     return parser
 
 
@@ -76,6 +82,7 @@ def _config_from_args(args):
     config = with_overrides(
         PRESETS[preset], seeds=args.seeds, steps=args.steps, arms=arms,
         rollouts_per_maze=args.rollouts_per_maze, mazes_per_step=args.mazes_per_step,
+        tracker_decay=args.tracker_decay, max_rollouts=args.max_rollouts,
         device=_resolve_device(args.device))
     return preset, config
 
@@ -166,43 +173,48 @@ def plot(config, summary, arms: list[dict], out_dir):
                  f"on average, {config.steps} steps")
     paths = [_harness.save_figure(fig, out_dir, NAME)]
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    axes = axes.ravel()
     window = max(1, config.steps // 20)
+
+    def smoothed(ax, series, **style):
+        series = np.asarray(series, dtype=np.float64)
+        if series.size and np.isfinite(series).all():
+            smooth = np.convolve(series, np.ones(window) / window, mode="valid")
+            ax.plot(np.arange(len(smooth)) + window, smooth, **style)
+
     for arm in config.arms:
         runs = [r for r in arms if r["arm"] == arm]
+        color = colors.get(arm)
         # Per-maze mean: comparable across arms, unlike the per-rollout rate,
         # which SERA pulls down by giving hard mazes more rollouts.
-        rate = np.mean([r["curves"]["maze_success_rate"] for r in runs], axis=0)
-        smooth = np.convolve(rate, np.ones(window) / window, mode="valid")
-        axes[0].plot(np.arange(len(smooth)) + window, smooth, color=colors.get(arm), label=arm)
+        smoothed(axes[0], np.mean([r["curves"]["maze_success_rate"] for r in runs], axis=0),
+                 color=color, label=arm)
         steps = runs[0]["curves"]["eval_step"]
         if steps:
             p1 = np.mean([r["curves"]["eval_pass_at_1"] for r in runs], axis=0)
             pk = np.mean([r["curves"]["eval_pass_at_k_max"] for r in runs], axis=0)
-            axes[1].plot(steps, p1, "o-", color=colors.get(arm), label=f"{arm} pass@1")
-            axes[1].plot(steps, pk, "s--", color=colors.get(arm),
+            axes[1].plot(steps, p1, "o-", color=color, label=f"{arm} pass@1")
+            axes[1].plot(steps, pk, "s--", color=color,
                          label=f"{arm} pass@{config.curve_samples}")
-        for key, style in (("signal_fraction", "-"), ("alignment_proxy", ":")):
-            series = [[d.get(key, np.nan) for d in r["curves"]["diagnostics"]] for r in runs]
-            series = np.mean(series, axis=0)
-            if np.isfinite(series).all():
-                smooth = np.convolve(series, np.ones(window) / window, mode="valid")
-                axes[2].plot(np.arange(len(smooth)) + window, smooth, style,
-                             color=colors.get(arm), label=f"{arm} {key.replace('_', ' ')}")
-    axes[0].set_xlabel("MaxRL step")
-    axes[0].set_ylabel(f"batch success rate, mean over mazes ({window}-step moving mean)")
-    axes[0].legend()
-    axes[1].set_xlabel("MaxRL step")
-    axes[1].set_ylabel(f"held-out pass@k ({config.curve_samples} samples per maze)")
-    if axes[1].has_data():
-        axes[1].legend(fontsize=7)
-    axes[2].set_xlabel("MaxRL step")
-    axes[2].set_ylabel("fraction of mazes with a non-zero advantage (solid);\n"
-                       "alignment proxy (dotted)", fontsize=8)
-    axes[2].set_title("estimator diagnostics per batch")
-    if axes[2].has_data():
-        axes[2].legend()
-    fig.suptitle("Maze training curves (mean over seeds)")
+        for ax, (source, key) in ((axes[2], ("diagnostics", "signal_fraction")),
+                                  (axes[3], ("planned_diagnostics", "alignment_proxy"))):
+            series = [[d.get(key, np.nan) for d in r["curves"][source]] for r in runs]
+            smoothed(ax, np.mean(series, axis=0), color=color, label=arm)
+    titles = [
+        "batch success rate (mean over the batch's mazes)",
+        f"held-out pass@k during training ({config.curve_samples} samples per maze)",
+        "fraction of the batch's mazes with a non-zero advantage",
+        "alignment proxy on the tracker's estimates (1: equal effective weights)",
+    ]
+    for ax, title in zip(axes, titles):
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("MaxRL step")
+        if ax.has_data():
+            ax.legend(fontsize=7, ncol=2 if ax is axes[1] else 1)
+    fig.suptitle(f"Maze training curves (mean over {config.seeds} seeds; "
+                 f"{window}-step moving means)")
+    fig.tight_layout()
     paths.append(_harness.save_figure(fig, out_dir, f"{NAME}_training"))
     return paths
 
