@@ -238,6 +238,12 @@ def test_config_validation():
         replace(arithmetic.PRESETS["quick"], policies=("sera",)).validate()
     with pytest.raises(SeraOptError, match="min_rollouts"):
         replace(arithmetic.PRESETS["quick"], min_rollouts=1).validate()
+    with pytest.raises(SeraOptError, match="estimator"):
+        replace(arithmetic.PRESETS["quick"], estimator="mean").validate()
+    with pytest.raises(SeraOptError, match="loss_mode"):
+        replace(arithmetic.PRESETS["quick"], loss_mode="mean").validate()
+    assert arithmetic.PRESETS["quick"].offset == 1
+    assert replace(arithmetic.PRESETS["quick"], estimator="success_average").offset == 0
     parser = arithmetic.build_parser()
     with pytest.raises(SeraOptError, match="disagree"):
         arithmetic.config_from_args(parser.parse_args(["--quick", "--preset", "large"]))
