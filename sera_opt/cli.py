@@ -23,7 +23,7 @@ from .solvers import available_solvers
 
 __all__ = ["main", "read_success_probs"]
 
-BENCHMARKS = ("solvers", "estimator", "alignment", "maze", "arithmetic")
+BENCHMARKS = ("solvers", "estimator", "tracking", "alignment", "maze", "arithmetic")
 
 
 def read_success_probs(source: str, *, column: str | None = None) -> np.ndarray:
