@@ -121,7 +121,7 @@ def build_methods(config: AlignmentConfig, available: tuple[str, ...]) -> tuple[
 
     Per offset: uniform; SERA on the tracker's estimates and on the true ``p``,
     with and without the multiplicity correction, under the common cap; SERA
-    (corrected) on both sources with no cap, the library's default, which is
+    (corrected) on both sources with no cap at all (``max_ratio=None``), which is
     where raw probabilities pin hopeless prompts (THEORY.md section 5); the
     registered peers on the tracker's estimates, with and without the correction.
     """
@@ -216,11 +216,15 @@ def prepare(config: AlignmentConfig) -> Setting:
 # --------------------------------------------------------------------------- pieces
 
 
-def _make_policy(name: str, *, min_rollouts: int, max_rollouts: int, offset: int):
+def _make_policy(name: str, *, min_rollouts: int, max_rollouts: int | None, offset: int):
     import sera_opt
+    from sera_opt.policies import POLICIES
 
-    return sera_opt.get_policy(name, min_rollouts=min_rollouts, max_rollouts=max_rollouts,
-                               offset=offset)
+    options = {"min_rollouts": min_rollouts, "max_rollouts": max_rollouts, "offset": offset}
+    if max_rollouts is None and POLICIES.lookup(name).default_max_ratio is not None:
+        # "no cap" means none, not the policy's default cap of max_ratio x the average.
+        options["max_ratio"] = None
+    return sera_opt.get_policy(name, **options)
 
 
 def prompt_weights(counts: np.ndarray, multiplicity_correction: bool) -> np.ndarray:
@@ -686,7 +690,7 @@ uniform          equal rollouts per prompt (MaxRL as published)
 SERA(tracker)    SERA on posterior means from a few rollouts per prompt of an earlier round
 SERA(true p)     SERA on the exact success probabilities
 uncorr.          without the multiplicity correction (token-mean weights prompts by n_i)
-no cap           no maximum count (the library default); otherwise n_i <= {ratio} x budget/prompt
+no cap           no maximum count (max_ratio=None); otherwise n_i <= {ratio} x budget/prompt
 With c=1 every policy needs 2 rollouts per prompt, so at 2 rollouts/prompt all coincide."""
 
 
