@@ -124,7 +124,7 @@ PRESETS: dict[str, MazeConfig] = {
                         arms=("uniform", "sera", "knapsack")),
     # Larger mazes for the same horizon and half the rollouts: many mazes stay
     # near zero success, the regime where max-min allocation is most exposed.
-    "hard": MazeConfig(sizes=(4, 10), horizon=64, rollouts_per_maze=4, seeds=5),
+    "hard": MazeConfig(sizes=(4, 10), horizon=64, rollouts_per_maze=4),
     # For a GPU: more mazes, larger grids, a longer horizon and more steps.
     "large": MazeConfig(sizes=(4, 12), num_train=2048, num_test=512, horizon=120,
                         hidden=256, warmup_steps=80, warmup_mazes=256, steps=1000,

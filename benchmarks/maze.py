@@ -103,8 +103,9 @@ def _run_tasks(func, tasks, *, workers: int, desc: str, show: bool):
 
 def _spread(rows: np.ndarray) -> dict:
     rows = np.asarray(rows, dtype=np.float64)
-    return {"mean": rows.mean(axis=0), "std": rows.std(axis=0, ddof=1) if len(rows) > 1 else
-            np.zeros(rows.shape[1:]), "min": rows.min(axis=0), "max": rows.max(axis=0)}
+    return {"mean": rows.mean(axis=0), "median": np.median(rows, axis=0),
+            "std": rows.std(axis=0, ddof=1) if len(rows) > 1 else np.zeros(rows.shape[1:]),
+            "min": rows.min(axis=0), "max": rows.max(axis=0)}
 
 
 def summarize(config, warmups: list[dict], arms: list[dict]) -> dict:
@@ -116,8 +117,10 @@ def summarize(config, warmups: list[dict], arms: list[dict]) -> dict:
     for arm, runs in by_arm.items():
         runs = sorted(runs, key=lambda r: seeds.index(r["seed"]))
         entry = _spread([r["pass_at_k"] for r in runs])
-        entry["difference_to_uniform"] = _spread(
-            [r["pass_at_k"] - base[r["seed"]] for r in runs])
+        differences = np.array([r["pass_at_k"] - base[r["seed"]] for r in runs])
+        entry["difference_to_uniform"] = _spread(differences)
+        entry["seeds_above_uniform"] = (differences > 0).sum(axis=0)
+        entry["seeds_below_uniform"] = (differences < 0).sum(axis=0)
         entry["final_train_success_rate"] = _spread(
             [[np.mean(r["curves"]["maze_success_rate"][-10:])] for r in runs])
         summary[arm] = entry
@@ -125,13 +128,25 @@ def summarize(config, warmups: list[dict], arms: list[dict]) -> dict:
 
 
 def _table(config, summary) -> str:
+    """pass@k (mean [min, max] over seeds), then the paired difference to uniform."""
     ks = [k for k in REPORT_KS if k <= config.k_max]
-    head = "arm        " + "".join(f"  pass@{k:<3d}        " for k in ks)
-    lines = [head]
+    lines = ["pass@k on held-out mazes, mean [min, max] over seeds",
+             "arm        " + "".join(f"  k={k:<18d}" for k in ks)]
     for arm in ("warmup", *config.arms):
         s = summary[arm]
         cells = "".join(f"  {s['mean'][k - 1]:.3f} [{s['min'][k - 1]:.3f},{s['max'][k - 1]:.3f}]"
                         for k in ks)
+        lines.append(f"{arm:<11s}{cells}")
+    lines += ["", "minus uniform's pass@k on the same seed: mean [min, max] (seeds above/below)",
+              "arm        " + "".join(f"  k={k:<26d}" for k in ks)]
+    for arm in config.arms:
+        if arm == "uniform":
+            continue
+        d = summary[arm]["difference_to_uniform"]
+        up, down = summary[arm]["seeds_above_uniform"], summary[arm]["seeds_below_uniform"]
+        cells = "".join(
+            f"  {d['mean'][k - 1]:+.3f} [{d['min'][k - 1]:+.3f},{d['max'][k - 1]:+.3f}] "
+            f"({up[k - 1]}/{down[k - 1]})" for k in ks)
         lines.append(f"{arm:<11s}{cells}")
     return "\n".join(lines)
 

@@ -255,6 +255,8 @@ def test_pipeline_end_to_end_is_deterministic():
         assert run["curves"]["eval_step"] == [2, 4]
         assert run["curves"]["diagnostics"] and all(
             np.isfinite(v) for d in run["curves"]["diagnostics"] for v in d.values())
+        planned = run["curves"]["planned_diagnostics"]
+        assert len(planned) == 4 and all(0 <= d["min_factor"] <= 1 for d in planned)
         if run["arm"] == "uniform":
             # matched budget: every maze gets exactly rollouts_per_maze
             assert run["curves"]["counts_std"] == [0.0] * 4
@@ -265,6 +267,8 @@ def test_pipeline_end_to_end_is_deterministic():
     assert set(summary) == {"warmup", "uniform", "sera"}
     assert np.allclose(summary["uniform"]["difference_to_uniform"]["mean"], 0.0)
     assert np.all(summary["sera"]["min"] <= summary["sera"]["mean"] + 1e-12)
+    above, below = summary["sera"]["seeds_above_uniform"], summary["sera"]["seeds_below_uniform"]
+    assert np.all(above + below <= 2)
 
 
 def test_main_writes_json_and_plots(tmp_path):
