@@ -32,6 +32,9 @@ from sera_opt.exceptions import SeraOptError
 
 NAME = "maze"
 REPORT_KS = (1, 2, 4, 8, 16, 32, 64)
+#: Held-out mazes are grouped by the length of their shortest path (moves).
+PATH_BINS = ((1, 10), (10, 20), (20, 30), (30, 1000))
+BIN_KS = (1, 8, 64)
 
 
 def build_parser():
@@ -108,11 +111,32 @@ def _spread(rows: np.ndarray) -> dict:
             "min": rows.min(axis=0), "max": rows.max(axis=0)}
 
 
+def _by_path_length(config, successes: np.ndarray, path: np.ndarray) -> np.ndarray:
+    """pass@k for k in BIN_KS within each PATH_BINS group (NaN for an empty group)."""
+    from sera_opt.benchmarks._maze_train import pass_at_k_curve
+
+    out = np.full((len(PATH_BINS), len(BIN_KS)), np.nan)
+    ks = [k for k in BIN_KS if k <= config.k_max]
+    for b, (lo, hi) in enumerate(PATH_BINS):
+        sel = (path >= lo) & (path < hi)
+        if sel.any():
+            curve = pass_at_k_curve(np.asarray(successes)[sel], config.eval_samples, max(ks))
+            out[b, :len(ks)] = curve[np.asarray(ks) - 1]
+    return out
+
+
 def summarize(config, warmups: list[dict], arms: list[dict]) -> dict:
-    """Pass@k per arm (mean, std, min, max over seeds) and paired differences to uniform."""
+    """Pass@k per arm (mean, median, std, min, max over seeds), paired differences to uniform,
+    and pass@k by shortest-path length of the held-out mazes."""
     seeds = [w["seed"] for w in warmups]
+    paths = {w["seed"]: np.asarray(w["test_shortest_path"]) for w in warmups}
     by_arm = {arm: [r for r in arms if r["arm"] == arm] for arm in config.arms}
-    summary = {"warmup": _spread([w["pass_at_k"] for w in warmups])}
+    summary = {"warmup": _spread([w["pass_at_k"] for w in warmups]),
+               "path_bins": [list(b) for b in PATH_BINS], "path_bin_ks": list(BIN_KS),
+               "path_bin_counts": _spread([[((paths[s] >= lo) & (paths[s] < hi)).sum()
+                                            for lo, hi in PATH_BINS] for s in seeds])}
+    summary["warmup"]["by_path_length"] = _spread(
+        [_by_path_length(config, w["test_successes"], paths[w["seed"]]) for w in warmups])
     base = {r["seed"]: r["pass_at_k"] for r in by_arm["uniform"]}
     for arm, runs in by_arm.items():
         runs = sorted(runs, key=lambda r: seeds.index(r["seed"]))
@@ -123,6 +147,8 @@ def summarize(config, warmups: list[dict], arms: list[dict]) -> dict:
         entry["seeds_below_uniform"] = (differences < 0).sum(axis=0)
         entry["final_train_success_rate"] = _spread(
             [[np.mean(r["curves"]["maze_success_rate"][-10:])] for r in runs])
+        entry["by_path_length"] = _spread(
+            [_by_path_length(config, r["test_successes"], paths[r["seed"]]) for r in runs])
         summary[arm] = entry
     return summary
 
@@ -160,7 +186,7 @@ def plot(config, summary, arms: list[dict], out_dir):
     ks = np.arange(1, config.k_max + 1)
     colors = {"warmup": "0.6", "uniform": "C0", "sera": "C3", "knapsack": "C2", "hora": "C1",
               "vip": "C4", "gvm": "C5", "sera-bayes": "C6"}
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4.2))
     for arm in ("warmup", *config.arms):
         s = summary[arm]
         label = "warm-up (start of all arms)" if arm == "warmup" else arm
@@ -184,8 +210,27 @@ def plot(config, summary, arms: list[dict], out_dir):
     ax2.set_ylabel("pass@k minus uniform's (same seed)")
     ax2.set_title("paired difference to uniform allocation")
     ax2.legend()
+    # pass@64 (or the largest k) by shortest-path length, mean and min-max over seeds
+    kcol = len([k for k in BIN_KS if k <= config.k_max]) - 1
+    names = ("warmup", *config.arms)
+    width = 0.8 / len(names)
+    labels = [f"{lo}-{hi - 1}" if hi < 1000 else f">={lo}" for lo, hi in PATH_BINS]
+    for i, arm in enumerate(names):
+        by = summary[arm]["by_path_length"]
+        mean, lo, hi = by["mean"][:, kcol], by["min"][:, kcol], by["max"][:, kcol]
+        x = np.arange(len(PATH_BINS)) + (i - (len(names) - 1) / 2) * width
+        ax3.bar(x, mean, width, color=colors.get(arm), label=arm,
+                yerr=np.vstack([mean - lo, hi - mean]), error_kw={"linewidth": 0.8})
+    counts = summary["path_bin_counts"]["mean"]
+    ax3.set_xticks(np.arange(len(PATH_BINS)),
+                   [f"{lab}\n({c:.0f} mazes)" for lab, c in zip(labels, counts)])
+    ax3.set_xlabel("shortest path from start to goal (moves)")
+    ax3.set_ylabel(f"pass@{BIN_KS[kcol]} on held-out mazes")
+    ax3.set_title("by maze difficulty (bars: mean, whiskers: min-max)")
+    ax3.legend(fontsize=7)
     fig.suptitle(f"Maze navigation: MaxRL with {config.rollouts_per_maze} rollouts per maze "
                  f"on average, {config.steps} steps")
+    fig.tight_layout()
     paths = [_harness.save_figure(fig, out_dir, NAME)]
 
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
@@ -214,7 +259,7 @@ def plot(config, summary, arms: list[dict], out_dir):
                          label=f"{arm} pass@{config.curve_samples}")
         for ax, (source, key) in ((axes[2], ("diagnostics", "signal_fraction")),
                                   (axes[3], ("planned_diagnostics", "alignment_proxy"))):
-            series = [[d.get(key, np.nan) for d in r["curves"][source]] for r in runs]
+            series = [[d.get(key, np.nan) for d in r["curves"].get(source, [])] for r in runs]
             smoothed(ax, np.mean(series, axis=0), color=color, label=arm)
     titles = [
         "batch success rate (mean over the batch's mazes)",

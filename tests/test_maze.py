@@ -269,6 +269,10 @@ def test_pipeline_end_to_end_is_deterministic():
     assert np.all(summary["sera"]["min"] <= summary["sera"]["mean"] + 1e-12)
     above, below = summary["sera"]["seeds_above_uniform"], summary["sera"]["seeds_below_uniform"]
     assert np.all(above + below <= 2)
+    # the difficulty breakdown covers every held-out maze exactly once
+    assert np.all(summary["path_bin_counts"]["mean"].sum() == config.num_test)
+    by = summary["uniform"]["by_path_length"]["mean"]
+    assert by.shape == (len(maze.PATH_BINS), len(maze.BIN_KS))
 
 
 def test_main_writes_json_and_plots(tmp_path):
