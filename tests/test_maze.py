@@ -264,7 +264,7 @@ def test_pipeline_end_to_end_is_deterministic():
     # after the first visits the tracker's estimates differ, so SERA's counts do too
     assert max(sera_std) > 0
     summary = first["summary"]
-    assert set(summary) == {"warmup", "uniform", "sera"}
+    assert {"warmup", "uniform", "sera"} <= set(summary)
     assert np.allclose(summary["uniform"]["difference_to_uniform"]["mean"], 0.0)
     assert np.all(summary["sera"]["min"] <= summary["sera"]["mean"] + 1e-12)
     above, below = summary["sera"]["seeds_above_uniform"], summary["sera"]["seeds_below_uniform"]
