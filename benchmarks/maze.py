@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import warnings
 
 import numpy as np
 
@@ -104,11 +105,16 @@ def _run_tasks(func, tasks, *, workers: int, desc: str, show: bool):
                                                       enabled=show)]
 
 
-def _spread(rows: np.ndarray) -> dict:
+def _spread(rows) -> dict:
+    """Mean, median, std, min and max over seeds (axis 0), ignoring NaN (an empty group)."""
     rows = np.asarray(rows, dtype=np.float64)
-    return {"mean": rows.mean(axis=0), "median": np.median(rows, axis=0),
-            "std": rows.std(axis=0, ddof=1) if len(rows) > 1 else np.zeros(rows.shape[1:]),
-            "min": rows.min(axis=0), "max": rows.max(axis=0)}
+    with warnings.catch_warnings():
+        # A column that is NaN for every seed stays NaN, without a warning.
+        warnings.simplefilter("ignore", RuntimeWarning)
+        valid = np.isfinite(rows).sum(axis=0)
+        return {"mean": np.nanmean(rows, axis=0), "median": np.nanmedian(rows, axis=0),
+                "std": np.where(valid > 1, np.nanstd(rows, axis=0, ddof=1), 0.0),
+                "min": np.nanmin(rows, axis=0), "max": np.nanmax(rows, axis=0)}
 
 
 def _by_path_length(config, successes: np.ndarray, path: np.ndarray) -> np.ndarray:
