@@ -88,7 +88,8 @@ class _StageModel:
         big = float(np.max(scaled * (self.m_lo + upper))) + 1.0
         self.slack.value = np.where(free, 0.0, big)
         opts = (
-            {"mip_rel_gap": 0.0, "mip_abs_gap": 0.0, "output_flag": False}
+            {"mip_rel_gap": 0.0, "mip_abs_gap": 0.0, "output_flag": False,
+             "primal_feasibility_tolerance": 1e-10, "mip_feasibility_tolerance": 1e-10}
             if solver == "HIGHS" else {}
         )
         try:
