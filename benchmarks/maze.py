@@ -203,7 +203,7 @@ def plot(config, summary, arms: list[dict], out_dir):
     ax1.set_xlabel("k")
     ax1.set_ylabel("pass@k on held-out mazes")
     ax1.set_title(f"mean and min-max over {config.seeds} seeds")
-    ax1.legend()
+    ax1.legend(loc="best", fontsize=8)
     for arm in config.arms:
         if arm == "uniform":
             continue
@@ -233,7 +233,9 @@ def plot(config, summary, arms: list[dict], out_dir):
     ax3.set_xlabel("shortest path from start to goal (moves)")
     ax3.set_ylabel(f"pass@{BIN_KS[kcol]} on held-out mazes")
     ax3.set_title("by maze difficulty (bars: mean, whiskers: min-max)")
-    ax3.legend(fontsize=7)
+    ax3.set_ylim(0, 1.3)
+    ax3.set_yticks(np.linspace(0, 1, 6))
+    ax3.legend(fontsize=7, ncol=3, loc="upper center")
     fig.suptitle(f"Maze navigation: MaxRL with {config.rollouts_per_maze} rollouts per maze "
                  f"on average, {config.steps} steps")
     fig.tight_layout()
