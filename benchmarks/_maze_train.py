@@ -15,7 +15,8 @@ the same rollout budget and the same sequence of training batches:
    rollouts at once, turns the binary successes into advantages with
    :func:`sera_opt.maxrl_advantages` (multiplicity correction on), forms the
    loss with :func:`sera_opt.aggregate_loss` and takes an Adam step; the
-   planner's tracker then observes the successes.
+   planner's tracker then observes the successes. The step is
+   :func:`sera_opt.integrations.torch_loop.maxrl_step`.
 3. **Evaluation.** ``eval_samples`` rollouts on each held-out maze give the
    unbiased pass@k for k = 1..k_max.
 

@@ -15,8 +15,10 @@ the same number of rollouts per step. The result is the unbiased pass@k on the
 held-out mazes for k = 1..64, with its spread over seeds, and the training
 curves. Writes ``maze.json``, ``maze.png`` (pass@k) and ``maze_training.png``.
 
-Presets: ``--quick`` (about a minute), the default (a few minutes on 2 CPU
-cores) and ``--preset large`` (for a GPU: ``--device cuda``).
+Presets: ``--quick`` (under a minute), the default (about 5 minutes on 2 CPU
+cores with the default 2 worker processes), ``--preset hard`` (larger mazes,
+4 rollouts per maze; about as long) and ``--preset large`` (for a GPU:
+``--device cuda``). Results are in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def build_parser():
                         help="number of runs; run i uses seed SEED + i")
     parser.add_argument("--steps", type=int, default=None, help="MaxRL steps per arm")
     parser.add_argument("--arms", default=None,
-                        help="comma-separated allocation rules, uniform first (default: "
+                        help="comma-separated allocation rules, including uniform (default: "
                              "uniform,sera,knapsack,hora)")
     parser.add_argument("--rollouts-per-maze", type=int, default=None,
                         help="average rollouts per maze; the budget per step is this times "
@@ -83,6 +85,14 @@ def _config_from_args(args):
 
     preset = args.preset or ("quick" if args.quick else "default")
     arms = tuple(a.strip() for a in args.arms.split(",")) if args.arms else None
+    if arms is not None:
+        import sera_opt
+
+        unknown = [a for a in arms if a not in sera_opt.available_policies()]
+        if unknown:
+            # Fail before the warm-ups, not inside a worker minutes later.
+            raise SeraOptError(f"unknown arm(s) {unknown}; available policies: "
+                               f"{', '.join(sera_opt.available_policies())}")
     config = with_overrides(
         PRESETS[preset], seeds=args.seeds, steps=args.steps, arms=arms,
         rollouts_per_maze=args.rollouts_per_maze, mazes_per_step=args.mazes_per_step,

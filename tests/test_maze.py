@@ -236,6 +236,14 @@ def test_config_validation_names_the_problem():
         _tiny_config(rollouts_per_maze=12)
 
 
+def test_cli_rejects_unknown_arms_before_running(tmp_path):
+    from sera_opt.benchmarks import maze
+
+    with pytest.raises(SeraOptError, match="unknown arm"):
+        maze.main(["--quick", "--arms", "uniform,not-a-policy", "--out", str(tmp_path)])
+    assert not (tmp_path / "maze.json").exists()
+
+
 def test_pipeline_end_to_end_is_deterministic():
     from sera_opt.benchmarks import maze
 
