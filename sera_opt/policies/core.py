@@ -35,8 +35,11 @@ class SERAPolicy(AllocationPolicy):
         prompts whose estimated p is near 0 absorb the budget while the others
         stay at the minimum, which aligns the batch gradient *worse* than uniform
         allocation (THEORY.md section 5; docs/benchmarks.md, alignment). Posterior
-        means from :class:`sera_opt.SuccessTracker` make SERA far less sensitive
-        to the cap. ``None`` removes it.
+        means from :class:`sera_opt.SuccessTracker` make SERA less sensitive to
+        the cap, but not immune: prompts that fail on every visit drive their
+        posterior mean towards 0 too, and in the hard maze configuration SERA
+        then loses to uniform allocation (docs/benchmarks.md, maze). ``None``
+        removes the cap.
     **solver_options
         Passed to the solver (e.g. ``continuous=False`` for "waterline").
     """
