@@ -28,6 +28,7 @@ __all__ = [
     "write_json",
     "save_figure",
     "pass_at_k",
+    "pass_at_k_curve",
 ]
 
 DEFAULT_OUT = Path("benchmark-results")
@@ -178,3 +179,13 @@ def pass_at_k(num_samples, num_correct, k) -> np.ndarray:
             j = np.arange(ni - ci + 1, ni + 1, dtype=np.float64)
             out[idx] = 1.0 - float(np.prod(1.0 - ki / j))
     return out
+
+
+def pass_at_k_curve(successes, num_samples: int, k_max: int) -> np.ndarray:
+    """Mean over prompts of the unbiased pass@k for k = 1..k_max.
+
+    ``successes[i]`` is how many of ``num_samples`` draws of prompt ``i`` succeeded.
+    """
+    ks = np.arange(1, k_max + 1)
+    table = pass_at_k(num_samples, np.asarray(successes)[:, None], ks[None, :])
+    return table.mean(axis=0)
