@@ -52,6 +52,15 @@ class AllocationPolicy(ABC):
     # Policies that set this take a `max_ratio` option: the cap used when no
     # max_rollouts is given, as a multiple of the average count.
     default_max_ratio: ClassVar[float | None] = None
+    #: Extra inputs that :meth:`allocate` takes as keywords beyond the probabilities,
+    #: the budget and the bounds (e.g. ``{"posterior"}``, ``{"gradient_norms"}``).
+    #: Callers such as :class:`sera_opt.RolloutPlanner` read this; nothing inspects
+    #: signatures.
+    extra_inputs: ClassVar[frozenset[str]] = frozenset()
+    #: Whether the counts depend on the estimator offset ``c`` (the policies that
+    #: shape the attenuation factors ``w_c``); trainers warn when it does not
+    #: match their estimator's.
+    offset_sensitive: ClassVar[bool] = False
 
     def __init__(self, *, min_rollouts=None, max_rollouts=None, offset: int = 0, **bounds):
         unknown = set(bounds) - ({"max_ratio"} if self.default_max_ratio is not None else set())

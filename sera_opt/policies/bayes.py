@@ -77,6 +77,7 @@ class PosteriorPolicy(AllocationPolicy):
     """
 
     accepts_posterior: ClassVar[bool] = True
+    extra_inputs: ClassVar[frozenset[str]] = frozenset({"posterior"})
 
     def __init__(self, *, prior_strength: float = DEFAULT_PRIOR_STRENGTH, min_rollouts=None,
                  max_rollouts=None, offset: int = 0, **bounds):
@@ -195,6 +196,7 @@ class SERABayesPolicy(PosteriorPolicy):
 
     name = "sera-bayes"
     default_max_ratio = 4.0  # as SERAPolicy: see its max_ratio
+    offset_sensitive = True
 
     def _allocate_posterior(self, problem, alpha, beta) -> Allocation:
         start = time.perf_counter()

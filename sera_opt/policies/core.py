@@ -47,6 +47,7 @@ class SERAPolicy(AllocationPolicy):
     name = "sera"
     preference = 0
     default_max_ratio = 4.0
+    offset_sensitive = True
 
     def __init__(self, solver="waterline", *, min_rollouts=None, max_rollouts=None,
                  offset: int = 0, max_ratio=default_max_ratio, **solver_options: Any):

@@ -215,6 +215,7 @@ class GVMPolicy(AllocationPolicy):
     """
 
     name = "gvm"
+    extra_inputs = frozenset({"gradient_norms"})
 
     def __init__(self, alpha: float = 1e-3, beta: float = 2.0, *, gradient_norms=None,
                  min_rollouts=None, max_rollouts=None, offset: int = 0):
