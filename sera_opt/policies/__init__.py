@@ -22,8 +22,9 @@ __all__ = [
 
 # --- peers ---
 from .bayes import PosteriorPolicy, SERABayesPolicy  # noqa: E402
+from .fair import SERAFairPolicy  # noqa: E402
 from .peers import GVMPolicy, HORAPolicy, KnapsackPolicy, VIPPolicy  # noqa: E402
 
 __all__ += ["GVMPolicy", "HORAPolicy", "KnapsackPolicy", "PosteriorPolicy", "SERABayesPolicy",
-            "VIPPolicy"]
+            "SERAFairPolicy", "VIPPolicy"]
 # --- end peers ---

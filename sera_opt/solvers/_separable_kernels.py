@@ -49,6 +49,7 @@ HIT_UTILITY = 3  # max sum 1 - E[(1 - p)^n], Beta (log gains)      (HORA)
 RLOO_VARIANCE = 4  # min sum a/(n - 1) + gamma log(p) n              (VIP)
 INVERSE_COUNT = 5  # min sum W / n                                   (GVM)
 POINT_HIT = 6  # max sum 1 - (1 - p)^n, point estimate (log gains)   (HORA, known p)
+ALPHA_FAIR = 7  # max sum U_alpha(1 - (1 - p)^(n - c)) (log gains)    (sera-fair)
 
 # Collect the bracket's gains once it holds at most this many (or M / 8).
 _COLLECT_MIN = 65536
@@ -126,6 +127,57 @@ def _log_beta_moment(a, b, lgamma_ratio, m):
 
 
 @njit(cache=True, error_model="numpy")
+def _log1mexp(y):
+    """``log(1 - exp(-y))`` for ``y > 0``, accurate for small and large ``y``
+    (the two-branch rule of Maechler, "Accurately computing log(1 - exp(-|a|))")."""
+    if y <= 0.6931471805599453:
+        return math.log(-math.expm1(-y))
+    return math.log1p(-math.exp(-y))
+
+
+@njit(cache=True, error_model="numpy")
+def _fair_log_gain(a, logp, alpha, m):
+    """``log(U(w(m + 1)) - U(w(m)))`` for the alpha-fair utility ``U`` of the
+    factor ``w(m) = 1 - exp(-a m)`` after ``m`` effective rollouts.
+
+    With ``w0 = w(m)`` and ``d = log(w(m + 1) / w0)``, the gain is
+    ``w0^(1 - alpha) expm1((1 - alpha) d) / (1 - alpha)`` (``d`` itself at
+    ``alpha = 1``), so its log is ``(1 - alpha) log w0 + log d +
+    log(expm1(t) / t)`` with ``t = (1 - alpha) d``: no power of ``w0`` is ever
+    formed, so large ``alpha`` neither overflows nor collapses distinct gains
+    into ties. ``d = log1p(r)`` with ``r = exp(-a m) p / w0`` taken from its log,
+    so solved prompts (``r`` far below the smallest float) keep distinct gains.
+
+    Edges (THEORY.md section 8): ``p = 0`` (``a = 0``) has ``w = 0`` at every
+    count and gains nothing (``-inf``); ``p = 1`` (``a = inf``) has ``w = 1``
+    from its first effective rollout on. The first effective rollout (``m =
+    0``) is worth ``+inf`` for ``alpha >= 1`` (``U(0) = -inf``).
+    """
+    if a == 0.0 or m < 0:
+        return -_INF
+    if m == 0:
+        if alpha >= 1.0:
+            return _INF
+        # U(w(1)) - U(0) = p^(1 - alpha) / (1 - alpha)
+        return (1.0 - alpha) * logp - math.log(1.0 - alpha)
+    if a == _INF:
+        return -_INF
+    y = a * m
+    log_w0 = _log1mexp(y)
+    log_r = logp - y - log_w0  # log((w(m + 1) - w(m)) / w(m)), w(m+1) - w(m) = p exp(-a m)
+    if log_r < -40.0:
+        # log(log1p(r)) = log r - r / 2 + ..., and r < 5e-18 here.
+        log_d = log_r
+    else:
+        log_d = math.log(math.log1p(math.exp(log_r)))
+    if alpha == 1.0:
+        return log_d
+    t = (1.0 - alpha) * math.exp(log_d)
+    log_e = 0.0 if t == 0.0 else math.log(math.expm1(t) / t)
+    return (1.0 - alpha) * log_w0 + log_d + log_e
+
+
+@njit(cache=True, error_model="numpy")
 def gain(kind, x0, x1, x2, c, k):
     """Gain of prompt's step ``k -> k + 1`` (see the module docstring)."""
     if kind == POINT_LEVELS:
@@ -160,6 +212,8 @@ def gain(kind, x0, x1, x2, c, k):
         if k <= 1:
             return _INF if x0 > 0.0 else x1
         return x0 / (float(k - 1) * float(k)) + x1
+    if kind == ALPHA_FAIR:
+        return _fair_log_gain(x0, x1, x2, k - c)
     if kind == POINT_HIT:
         # log of (1 - p)^k p, with x1 = log p and x2 = log(1 - p).
         if x0 == 0.0:
@@ -225,6 +279,24 @@ def _guess(kind, x0, x1, x2, c, lam):
         if d <= 0.0:
             return _INF
         return 0.5 * (1.0 + math.sqrt(1.0 + 4.0 * x0 / d))
+    if kind == ALPHA_FAIR:
+        # x0 = a, x1 = log p, x2 = alpha. Midpoint rule: log gain(m) is about
+        # log p - a m - alpha log w(m + 1/2); its solution lies above both the
+        # solved-prompt root (w ~ 1) and the hard-prompt root (w ~ a (m + 1/2)).
+        if x0 == 0.0:
+            return -_INF
+        if x0 == _INF:
+            return c + 1.0
+        z = lam - x1
+        guess = -z / x0
+        if x2 > 0.0:
+            e = -z / x2
+            if e > 700.0:
+                return _INF
+            small = math.exp(e) / x0 - 0.5
+            if small > guess:
+                guess = small
+        return c + guess
     if kind == POINT_HIT:
         if x0 == 0.0:
             return -_INF
@@ -927,6 +999,18 @@ def solve(kind, p0, p1, p2, c, lo, hi, spare, maxmin, tie_rtol, stats):
 
 
 @njit(cache=True, error_model="numpy")
+def _fair_utility(a, alpha, m):
+    """``U_alpha(w)`` at ``w = 1 - exp(-a m)``; ``-inf`` at ``w = 0`` for ``alpha >= 1``,
+    and ``-inf`` too where ``-w^(1 - alpha) / (alpha - 1)`` is below the float range."""
+    if a == 0.0 or m <= 0:
+        return -_INF if alpha >= 1.0 else 0.0
+    log_w = 0.0 if a == _INF else _log1mexp(a * m)
+    if alpha == 1.0:
+        return log_w
+    return math.exp((1.0 - alpha) * log_w) / (1.0 - alpha)
+
+
+@njit(cache=True, error_model="numpy")
 def values(kind, p0, p1, p2, c, counts):
     """Per-prompt objective terms at ``counts``: levels (max-min kinds), utilities
     (max-sum kinds) or costs (min-sum kinds)."""
@@ -954,6 +1038,8 @@ def values(kind, p0, p1, p2, c, counts):
                 out[i] = 1.0 if n >= 1 else 0.0
             else:
                 out[i] = -math.expm1(_log_beta_moment(x0, x1, x2, n))
+        elif kind == ALPHA_FAIR:
+            out[i] = _fair_utility(x0, x2, n - c)
         elif kind == POINT_HIT:
             if x0 == 0.0 or n <= 0:
                 out[i] = 0.0

@@ -42,6 +42,7 @@ cross a value) in ``_separable_kernels.py``.
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
 import numpy as np
@@ -58,6 +59,7 @@ __all__ = [
     "PointHitUtility",
     "RLOOVariance",
     "InverseCountCost",
+    "AlphaFairUtility",
     "solve_separable",
     "validate_beta_posterior",
 ]
@@ -282,6 +284,58 @@ class InverseCountCost(SeparableObjective):
             i = int(np.flatnonzero(w < 0)[0])
             raise SeraOptError(f"weights must be >= 0, got {w[i]!r} at index {i}.")
         super().__init__(w)
+
+
+class AlphaFairUtility(SeparableObjective):
+    """The alpha-fair utility of the attenuation factors (max-sum), THEORY.md section 8.
+
+    Maximizes ``sum_i U_alpha(w_c(p_i, n_i))`` with ``U_alpha(w) = w^(1 - alpha) /
+    (1 - alpha)`` (``log w`` at ``alpha = 1``) and ``w_c(p, n) = 1 - (1 - p)^(n - c)``.
+    Every term is concave in ``n`` for ``alpha >= 0``, so the engine's greedy is
+    exact. Gains are compared in log space (see ``_fair_log_gain``), so a large
+    ``alpha`` neither overflows nor turns distinct gains into ties.
+
+    ``alpha = 0`` sums the factors; ``alpha -> inf`` tends to SERA's max-min (the
+    limit itself is :class:`PointLevels`). Edges: ``p = 0`` gains nothing from any
+    rollout (for ``alpha >= 1`` its utility is ``-inf`` at every count), ``p = 1``
+    nothing after its first effective rollout; both keep their minimum unless
+    everything else is full. Counts must be at least ``c + 1`` (the first
+    effective rollout), which :class:`~sera_opt.AllocationProblem` guarantees.
+    """
+
+    sense = "max-sum"
+    _kind = 7
+
+    def __init__(self, success_probs, alpha: float = 1.0, offset: int = 0):
+        p = _as_float_row(success_probs, "success_probs")
+        alpha = _check_alpha(alpha)
+        if math.isinf(alpha):
+            raise SeraOptError(
+                "alpha = inf is SERA's lexicographic max-min: use PointLevels (or the 'sera' "
+                "policy) for it."
+            )
+        with np.errstate(divide="ignore"):
+            rates = -np.log1p(-p)
+            log_p = np.log(p)
+        super().__init__(rates, log_p, offset=offset)
+        self.alpha = alpha
+        self._p2 = np.full(self._p0.shape, alpha, dtype=np.float64)
+
+
+def _check_alpha(alpha) -> float:
+    """``alpha`` as a float in ``[0, inf]``, or a :class:`SeraOptError` that says why not."""
+    if isinstance(alpha, (bool, np.bool_)):
+        raise SeraOptError(f"alpha must be a number >= 0 (or inf), got {alpha!r}.")
+    try:
+        value = float(alpha)
+    except (TypeError, ValueError):
+        raise SeraOptError(f"alpha must be a number >= 0 (or inf), got {alpha!r}.") from None
+    if not value >= 0:  # also NaN
+        raise SeraOptError(
+            f"alpha must be >= 0 (0 sums the factors, 1 is proportional fairness, inf is "
+            f"SERA's max-min), got {alpha!r}."
+        )
+    return value
 
 
 def _bounds(value, name: str, m: int) -> np.ndarray:

@@ -1,0 +1,86 @@
+"""The alpha-fair family of allocations: SERA's max-min as its limit (THEORY.md section 8)."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from ..problem import AllocationProblem
+from ..result import Allocation
+from ..solvers.base import get_solver
+from ..solvers.separable import AlphaFairUtility, _check_alpha
+from .base import AllocationPolicy, register_policy
+
+__all__ = ["SERAFairPolicy"]
+
+
+@register_policy
+class SERAFairPolicy(AllocationPolicy):
+    """Alpha-fair allocation of the attenuation factors: between HORA's sum and SERA's max-min.
+
+    Solves, exactly in integers::
+
+        maximize    sum_i U_alpha(w_c(p_i, n_i)),   U_alpha(w) = w^(1 - alpha) / (1 - alpha)
+                                                    (log w for alpha = 1)
+        subject to  sum_i n_i = B,  lo_i <= n_i <= hi_i,  n_i integer,
+
+    with ``w_c(p, n) = 1 - (1 - p)^(n - c)``. Every term is concave in ``n``, so
+    the separable engine's greedy on marginal gains is exact for every
+    ``alpha >= 0``; gains are compared in log space.
+
+    * ``alpha = 0`` maximizes the sum of the factors (HORA's objective on point
+      estimates, for the policy's offset).
+    * ``alpha = 1`` (proportional fairness, the default): where a prompt's level
+      ``a_i (n - c)`` is small, one more rollout gains about
+      ``log((n + 1 - c) / (n - c))`` whatever ``a_i``, so unsolved prompts share
+      the spare budget evenly and none is pinned at the cap, while solved
+      prompts stay at the minimum.
+    * ``alpha -> inf`` tends to SERA's lexicographic max-min; ``alpha=inf`` *is*
+      it (the ``"sera"`` policy's counts, through its waterline solver).
+
+    Edges: a prompt with ``p = 0`` has factor 0 whatever its count and gains
+    nothing from rollouts (for ``alpha >= 1`` its utility is ``-inf`` at every
+    count): it keeps its minimum unless every other prompt is full, the
+    opposite of max-min, which gives it the cap (except at ``alpha=inf``,
+    which is max-min). ``p = 1`` keeps its minimum likewise. Ties between equal
+    gains: fewer rollouts first, then the lower index.
+
+    ``Allocation.objective`` is the maximized sum (``-inf`` for ``alpha >= 1``
+    when some ``p = 0``).
+
+    Parameters
+    ----------
+    alpha : float, default 1
+        Fairness, ``>= 0``; ``inf`` is SERA's max-min.
+    min_rollouts, max_rollouts, offset
+        See :class:`AllocationPolicy`.
+    max_ratio : float or None, default 4
+        Cap used when no ``max_rollouts`` is given, as for :class:`SERAPolicy`.
+    """
+
+    name = "sera-fair"
+    preference = 1
+    default_max_ratio = 4.0
+    offset_sensitive = True
+
+    def __init__(self, alpha: float = 1.0, *, min_rollouts=None, max_rollouts=None,
+                 offset: int = 0, max_ratio=default_max_ratio):
+        super().__init__(min_rollouts=min_rollouts, max_rollouts=max_rollouts, offset=offset,
+                         max_ratio=max_ratio)
+        self.alpha = _check_alpha(alpha)
+
+    def _allocate(self, problem: AllocationProblem) -> Allocation:
+        if math.isinf(self.alpha):
+            alloc = get_solver("waterline").solve(problem, continuous=False)
+            return Allocation.from_counts(problem, alloc.counts, solver=self.name,
+                                          wall_time=alloc.wall_time)
+        start = time.perf_counter()
+        objective = AlphaFairUtility(problem.success_probs, self.alpha, offset=problem.offset)
+        counts = objective.solve(problem.budget, problem.min_rollouts, problem.max_rollouts)
+        value = objective.value(counts)
+        return Allocation.from_counts(problem, counts, solver=self.name,
+                                      wall_time=time.perf_counter() - start, objective=value)
+
+    def _options(self) -> dict[str, Any]:
+        return {"alpha": self.alpha, **super()._options()}
