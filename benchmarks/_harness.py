@@ -1,9 +1,12 @@
 """Shared pieces of the benchmarks: options, timing, progress, results and plots.
 
-Every benchmark module exposes ``main(argv=None) -> int`` and is run either as
-``python benchmarks/NAME.py`` or as ``sera-opt bench NAME``. Results go to
-``--out`` as ``NAME.json`` (machine-readable, with the machine's description)
-and ``NAME.png``.
+Every benchmark exposes ``main(argv=None) -> int`` and is run as ``sera-opt
+bench NAME`` or ``python -m sera_opt.benchmarks.NAME``. The speed benchmarks
+are flat modules beside this one (``solvers``, ``estimator``, ``tracking``);
+each experiment is a subpackage (``alignment``, ``maze``, ``arithmetic``) with
+its task, model, training and runner. Results go to ``--out`` as
+``NAME.json`` (machine-readable, with the machine's description) and
+``NAME.png``.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ __all__ = [
     "save_figure",
     "pass_at_k",
     "pass_at_k_curve",
+    "run_command",
 ]
 
 DEFAULT_OUT = Path("benchmark-results")
@@ -189,3 +193,15 @@ def pass_at_k_curve(successes, num_samples: int, k_max: int) -> np.ndarray:
     ks = np.arange(1, k_max + 1)
     table = pass_at_k(num_samples, np.asarray(successes)[:, None], ks[None, :])
     return table.mean(axis=0)
+
+
+def run_command(name: str, main: Callable[[list[str]], int], argv: list[str] | None = None) -> int:
+    """Run a benchmark's ``main`` as a command: a :class:`~sera_opt.SeraOptError` becomes one
+    line on stderr and exit status 2, as under ``sera-opt bench NAME``."""
+    from sera_opt.exceptions import SeraOptError
+
+    try:
+        return int(main(sys.argv[1:] if argv is None else argv) or 0)
+    except SeraOptError as exc:
+        print(f"sera-opt bench {name}: error: {exc}", file=sys.stderr)
+        return 2

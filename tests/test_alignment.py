@@ -21,8 +21,8 @@ from tests.markers import has_module
 
 torch = pytest.importorskip("torch")
 
-from sera_opt.benchmarks import _digits  # noqa: E402
-from sera_opt.benchmarks import alignment as al  # noqa: E402
+from sera_opt.benchmarks.alignment import digits as _digits  # noqa: E402
+from sera_opt.benchmarks.alignment import runner as al  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

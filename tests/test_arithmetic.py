@@ -14,9 +14,9 @@ torch = pytest.importorskip("torch")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from sera_opt.benchmarks import _arith_task as task  # noqa: E402
 from sera_opt.benchmarks import arithmetic  # noqa: E402
-from sera_opt.benchmarks._arith_model import (  # noqa: E402
+from sera_opt.benchmarks.arithmetic import task  # noqa: E402
+from sera_opt.benchmarks.arithmetic.model import (  # noqa: E402
     ModelConfig,
     TinyTransformer,
     answer_mask,

@@ -9,8 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from sera_opt.benchmarks import _maze_env as env_mod  # noqa: E402
-from sera_opt.benchmarks._maze_env import (  # noqa: E402
+from sera_opt.benchmarks.maze import env as env_mod  # noqa: E402
+from sera_opt.benchmarks.maze.env import (  # noqa: E402
     Maze,
     MazeBatch,
     MazeEnv,
@@ -217,7 +217,7 @@ def test_expert_moves_walk_the_shortest_path():
 
 
 def _tiny_config(**overrides):
-    from sera_opt.benchmarks._maze_train import MazeConfig
+    from sera_opt.benchmarks.maze.train import MazeConfig
 
     base = dict(sizes=(3, 5), num_train=24, num_test=8, horizon=24, hidden=32,
                 warmup_steps=3, warmup_mazes=8, steps=4, mazes_per_step=6,
@@ -284,7 +284,8 @@ def test_pipeline_end_to_end_is_deterministic():
 
 
 def test_main_writes_json_and_plots(tmp_path):
-    from sera_opt.benchmarks import _maze_train, maze
+    from sera_opt.benchmarks import maze
+    from sera_opt.benchmarks.maze import train as _maze_train
 
     quick = _maze_train.PRESETS["quick"]
     assert quick.seeds >= 3 and quick.k_max == 64 and len(quick.arms) >= 3

@@ -1,6 +1,6 @@
 """Maze navigation coverage: pass@k after MaxRL training under matched rollout budgets.
 
-Run as ``sera-opt bench maze`` (or ``python benchmarks/maze.py``). Each seed
+Run as ``sera-opt bench maze`` (or ``python -m sera_opt.benchmarks.maze``). Each seed
 draws its own training and held-out mazes (perfect mazes from a randomized
 depth-first search, 3x3 to 8x8 cells by default), warms a small MLP policy up
 by imitating a shortest-path teacher for a few steps, and then trains one copy
@@ -41,7 +41,7 @@ BIN_KS = (1, 8, 64)
 
 
 def build_parser():
-    from sera_opt.benchmarks._maze_train import PRESETS
+    from sera_opt.benchmarks.maze.train import PRESETS
 
     parser = _harness.common_parser(NAME, __doc__.splitlines()[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), default=None,
@@ -81,7 +81,7 @@ def _resolve_device(name: str) -> str:
 
 
 def _config_from_args(args):
-    from sera_opt.benchmarks._maze_train import PRESETS, with_overrides
+    from sera_opt.benchmarks.maze.train import PRESETS, with_overrides
 
     preset = args.preset or ("quick" if args.quick else "default")
     arms = tuple(a.strip() for a in args.arms.split(",")) if args.arms else None
@@ -129,7 +129,7 @@ def _spread(rows) -> dict:
 
 def _by_path_length(config, successes: np.ndarray, path: np.ndarray) -> np.ndarray:
     """pass@k for k in BIN_KS within each PATH_BINS group (NaN for an empty group)."""
-    from sera_opt.benchmarks._maze_train import pass_at_k_curve
+    from sera_opt.benchmarks.maze.train import pass_at_k_curve
 
     out = np.full((len(PATH_BINS), len(BIN_KS)), np.nan)
     ks = [k for k in BIN_KS if k <= config.k_max]
@@ -299,7 +299,7 @@ def plot(config, summary, arms: list[dict], out_dir):
 
 def run(config, *, workers: int = 1, show_progress: bool = True, base_seed: int = 0) -> dict:
     """Warm up every seed, train every arm, and collect the results (no files written)."""
-    from sera_opt.benchmarks import _maze_train
+    from sera_opt.benchmarks.maze import train as _maze_train
 
     start = time.perf_counter()
     seeds = [base_seed + i for i in range(config.seeds)]
@@ -334,7 +334,3 @@ def main(argv=None) -> int:
     print(f"wall time {result['wall_time']:.1f} s; wrote {json_path}, "
           + ", ".join(str(p) for p in paths))
     return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Procedurally generated grid mazes and a vectorized environment for them.
 
-The maze experiment (``benchmarks/maze.py``) trains a small policy to walk from
+The maze experiment (``sera_opt.benchmarks.maze``) trains a small policy to walk from
 a start cell to a goal cell. This module holds everything about the mazes
 themselves, independent of the learning:
 

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from sera_opt.benchmarks import _harness
-from sera_opt.benchmarks._maze_env import MazeBatch, MazeEnv, generate_maze_sets
+from sera_opt.benchmarks.maze.env import MazeBatch, MazeEnv, generate_maze_sets
 
 __all__ = ["MazeConfig", "PRESETS", "make_policy", "rollout", "warm_up", "train_arm",
            "evaluate", "run_seed_warmup", "run_arm"]

@@ -1,7 +1,7 @@
 """How well MaxRL gradient estimates align with the exact likelihood gradient.
 
 THEORY.md section 6. A digits classifier plays the policy (see
-``benchmarks/_digits.py``): a prompt is an input, a rollout samples a label,
+``benchmarks/alignment/digits.py``): a prompt is an input, a rollout samples a label,
 success means the true label, so every ``grad log p_i`` is exact. For a batch
 of ``M`` prompts and an average budget of ``nbar`` rollouts per prompt, each
 method (an allocation policy, the probabilities it is fed, the estimator's
@@ -41,12 +41,8 @@ from typing import Any
 
 import numpy as np
 
-if __package__ in (None, ""):  # run as a script: python benchmarks/alignment.py
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import _digits  # type: ignore[no-redef]
-    import _harness  # type: ignore[no-redef]
-else:
-    from sera_opt.benchmarks import _digits, _harness
+from sera_opt.benchmarks import _harness
+from sera_opt.benchmarks.alignment import digits as _digits
 
 __all__ = [
     "AlignmentConfig",
@@ -843,7 +839,3 @@ def demo(argv=None) -> int:
           f"(numba compile or cache load) {t['first_allocate_s']:.1f} s. Full run with the peers: "
           f"sera-opt bench alignment)")
     return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

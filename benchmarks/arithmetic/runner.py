@@ -1,0 +1,325 @@
+"""Reasoning coverage: a tiny transformer learns addition by MaxRL, uniform versus SERA.
+
+Run as ``sera-opt bench arithmetic`` (4 seeds, about 8 minutes of CPU time on
+one core), ``sera-opt bench arithmetic --quick`` (1 seed, under a minute) or
+``sera-opt bench arithmetic --preset large --device auto`` (the larger
+configuration, meant for a CUDA device). The results and their reading are in
+docs/benchmarks.md, section "Arithmetic".
+
+For each seed:
+
+1. A character-level decoder-only transformer is warm-started by a short
+   supervised phase on freshly drawn addition problems (see
+   :mod:`sera_opt.benchmarks.arithmetic.task`), stopped early so that the success
+   rates of the training prompts spread from near 0 to near 1.
+2. From that same warm start, one MaxRL run per allocation policy: each step
+   takes the next ``prompts_per_step`` prompts of a fixed training pool (the
+   same order for every policy), a :class:`sera_opt.RolloutPlanner` with its
+   own :class:`sera_opt.SuccessTracker` splits the fixed budget of
+   ``prompts_per_step * rollouts_per_prompt`` rollouts over them, the rollouts
+   are sampled at temperature 1 and verified exactly, and the model takes one
+   gradient step on the multiplicity-corrected mean-centred MaxRL loss
+   (:func:`sera_opt.maxrl_advantages`, :func:`sera_opt.aggregate_loss`).
+3. The held-out test set is sampled ``eval_samples`` times per problem and
+   pass@k for k = 1..64 is computed with the unbiased estimator.
+
+Results go to ``--out`` as ``arithmetic.json``, ``arithmetic.png`` (pass@k)
+and ``arithmetic_training.png`` (the estimator's diagnostics during training).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sera_opt.benchmarks import _harness
+from sera_opt.benchmarks.arithmetic.train import (
+    PRESETS,
+    ExperimentConfig,
+    _torch,
+    build_model,
+    run_seed,
+)
+from sera_opt.exceptions import SeraOptError
+
+__all__ = ["ExperimentConfig", "PRESETS", "run_experiment", "main"]
+
+NAME = "arithmetic"
+
+
+def _summary(cfg: ExperimentConfig, runs: list[dict]) -> dict[str, Any]:
+    ks = np.arange(1, cfg.max_k + 1)
+    summary: dict[str, Any] = {}
+    names = ["warm_start", *cfg.policies]
+    curves = {}
+    for name in names:
+        rows = np.array([
+            run["warm_start"]["pass_at_k"] if name == "warm_start"
+            else run["policies"][name]["pass_at_k"] for run in runs
+        ])
+        curves[name] = rows
+        summary[name] = {
+            "pass_at_k_mean": rows.mean(axis=0),
+            "pass_at_k_std": rows.std(axis=0, ddof=1) if len(rows) > 1 else np.zeros(len(ks)),
+            "pass_at_k_min": rows.min(axis=0),
+            "pass_at_k_max": rows.max(axis=0),
+        }
+    for name in cfg.policies:
+        if name == "uniform":
+            continue
+        diff = curves[name] - curves["uniform"]
+        summary[name]["difference_vs_uniform_mean"] = diff.mean(axis=0)
+        summary[name]["difference_vs_uniform_per_seed"] = diff
+        summary[name]["seeds_better_than_uniform"] = (diff > 0).sum(axis=0)
+    table = {}
+    for name in names:
+        table[name] = {
+            f"pass@{k}": [float(summary[name]["pass_at_k_mean"][k - 1]),
+                          float(summary[name]["pass_at_k_std"][k - 1])]
+            for k in (1, 4, 16, cfg.max_k) if k <= cfg.max_k
+        }
+    summary["table_mean_std"] = table
+    return summary
+
+
+# --------------------------------------------------------------------------- plots
+
+_COLORS = {"warm_start": "0.5", "uniform": "tab:blue", "sera": "tab:red",
+           "knapsack": "tab:green", "hora": "tab:purple", "vip": "tab:orange",
+           "gvm": "tab:brown", "sera-bayes": "tab:pink"}
+
+
+def _plot_pass_at_k(cfg, summary, runs, out_dir: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ks = np.arange(1, cfg.max_k + 1)
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
+    ax = axes[0]
+    for name in ["warm_start", *cfg.policies]:
+        s = summary[name]
+        color = _COLORS.get(name)
+        ax.plot(ks, s["pass_at_k_mean"], label=name.replace("_", " "), color=color)
+        ax.fill_between(ks, s["pass_at_k_min"], s["pass_at_k_max"], color=color, alpha=0.15)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("k")
+    ax.set_ylabel("pass@k on the held-out set")
+    ax.set_title(f"mean over {len(runs)} seeds (band: min to max)")
+    ax.legend()
+    ax = axes[1]
+    ax.axhline(0.0, color="tab:blue", lw=1)
+    for name in cfg.policies:
+        if name == "uniform":
+            continue
+        s = summary[name]
+        color = _COLORS.get(name)
+        per_seed = np.atleast_2d(s["difference_vs_uniform_per_seed"])
+        ax.plot(ks, s["difference_vs_uniform_mean"], color=color, label=name)
+        for row in per_seed:
+            ax.plot(ks, row, color=color, alpha=0.3, lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("k")
+    ax.set_ylabel("pass@k minus uniform's (same seed)")
+    ax.set_title("paired difference (thin: single seeds)")
+    ax.legend()
+    ax = axes[2]
+    names = ["warm_start", *cfg.policies]
+    digit_keys = sorted(runs[0]["warm_start"]["pass_at_k_by_digits"], key=int)
+    width = 0.8 / len(names)
+    for j, name in enumerate(names):
+        values = []
+        for d in digit_keys:
+            rows = [run["warm_start"] if name == "warm_start" else run["policies"][name]
+                    for run in runs]
+            values.append(np.mean([row["pass_at_k_by_digits"][d][-1] for row in rows]))
+        ax.bar(np.arange(len(digit_keys)) + (j - (len(names) - 1) / 2) * width, values, width,
+               color=_COLORS.get(name), label=name.replace("_", " "))
+    ax.set_xticks(np.arange(len(digit_keys)), [f"{d} digit{'s' if int(d) > 1 else ''}" for d in digit_keys])
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel(f"pass@{cfg.max_k}")
+    ax.set_title(f"pass@{cfg.max_k} by the longer operand's digit count")
+    fig.suptitle(f"MaxRL on {cfg.max_digits}-digit addition, budget {cfg.budget} rollouts/step, "
+                 f"{cfg.rl_steps} steps")
+    return _harness.save_figure(fig, out_dir, NAME)
+
+
+def _mean_curve(runs, policy, getter):
+    rows = [getter(run["policies"][policy]) for run in runs]
+    return np.mean(np.array(rows, dtype=float), axis=0)
+
+
+def _plot_training(cfg, runs, out_dir: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 3, figsize=(12.6, 6.4))
+    window = max(1, cfg.rl_steps // 20)
+    kernel = np.ones(window) / window
+
+    def smooth_plot(ax, y, **style):
+        y = np.asarray(y, dtype=float)
+        smooth = np.convolve(y, kernel, mode="valid") if y.size >= window else y
+        ax.plot(np.arange(smooth.size) + (window - 1 if y.size >= window else 0), smooth,
+                **style)
+
+    for ax, (panel, title) in zip(axes.flat, _TRAINING_PANELS):
+        for policy in cfg.policies:
+            color = _COLORS.get(policy)
+            if panel in ("pass_at_1", "pass_at_max"):
+                steps = runs[0]["policies"][policy]["checkpoints"]["step"]
+                y = _mean_curve(runs, policy, lambda r, key=panel: r["checkpoints"][key])
+                ax.plot(steps, y, marker="o", ms=3, color=color, label=policy)
+            elif panel == "mean_reward":
+                smooth_plot(ax, _mean_curve(runs, policy, lambda r: r["curves"]["mean_reward"]),
+                            color=color, label=policy)
+            else:
+                for source, style in (("diagnostics", "-"), ("diagnostics_planned", ":")):
+                    if panel == "zero_success_fraction" and source == "diagnostics_planned":
+                        continue  # the same count either way
+                    y = _mean_curve(runs, policy, lambda r, key=panel, src=source: [
+                        row.get(key, np.nan) for row in r["curves"][src]])
+                    smooth_plot(ax, y, color=color, ls=style,
+                                label=policy if source == "diagnostics" else None)
+        ax.set_title(title.format(k=cfg.curve_samples), fontsize=10)
+        ax.set_xlabel("MaxRL step")
+    axes.flat[0].legend()
+    fig.suptitle(f"training curves, mean over {len(runs)} seeds (moving average over {window} "
+                 "steps; dotted: factors from the planner's estimates instead of the batch's)",
+                 fontsize=10)
+    fig.tight_layout()
+    return _harness.save_figure(fig, out_dir, f"{NAME}_training")
+
+
+#: (key, title) of the training plot's panels; the middle ones are keys of
+#: sera_opt.advantage_diagnostics.
+_TRAINING_PANELS = (
+    ("mean_reward", "training reward (mean over the step's rollouts)"),
+    ("zero_success_fraction", "prompts of the step with zero successes"),
+    ("weight_spread", "spread (std/mean) of the prompts' factors"),
+    ("min_factor", "smallest attenuation factor of the step"),
+    ("pass_at_1", "held-out pass@1 (checkpoints)"),
+    ("pass_at_max", "held-out pass@{k} (checkpoints)"),
+)
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def resolve_device(name: str) -> str:
+    """``auto`` picks CUDA when present, else the CPU."""
+    torch = _torch()
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise SeraOptError("--device cuda was requested but torch sees no CUDA device; "
+                           "use --device cpu or auto.")
+    if name != "cpu" and not name.startswith("cuda"):
+        raise SeraOptError(f"--device must be auto, cpu or cuda[:N], got {name!r}.")
+    return name
+
+
+def run_experiment(cfg: ExperimentConfig, *, seed: int = 0, device: str = "cpu",
+                   out_dir: Path | None = None, show_progress: bool = True,
+                   threads: int = 1, plots: bool = True) -> dict[str, Any]:
+    """Run every seed, write ``arithmetic.json`` (and the plots) to ``out_dir``; return the payload."""
+    torch = _torch()
+    cfg.validate()
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    start = time.perf_counter()
+    try:
+        seeds = [seed + i for i in range(cfg.seeds)]
+        runs = [run_seed(cfg, s, device, show_progress=show_progress) for s in seeds]
+    finally:
+        torch.set_num_threads(previous_threads)
+    from sera_opt.benchmarks.arithmetic.task import make_split
+
+    train, test = make_split(cfg.data_seed, cfg.num_train, cfg.num_test, cfg.max_digits)
+    model, _ = build_model(cfg, "cpu")
+    payload: dict[str, Any] = {
+        "config": {**asdict(cfg), "budget": cfg.budget},
+        "seeds": seeds,
+        "device": device,
+        "threads": threads,
+        "model_parameters": model.num_parameters(),
+        "test_set": {
+            "digits_histogram": {int(d): int((test.digits() == d).sum())
+                                 for d in np.unique(test.digits())},
+            "carries_histogram": {int(c): int((test.carries() == c).sum())
+                                  for c in np.unique(test.carries())},
+        },
+        "ks": list(range(1, cfg.max_k + 1)),
+        "runs": runs,
+        "summary": _summary(cfg, runs),
+        "wall_time_s": time.perf_counter() - start,
+    }
+    if out_dir is not None:
+        _harness.write_json(out_dir, NAME, payload)
+        if plots:
+            _plot_pass_at_k(cfg, payload["summary"], runs, out_dir)
+            _plot_training(cfg, runs, out_dir)
+    return payload
+
+
+def _print_table(cfg: ExperimentConfig, payload: dict) -> None:
+    table = payload["summary"]["table_mean_std"]
+    keys = list(next(iter(table.values())).keys())
+    print(f"{'':<12}" + "".join(f"{k:>16}" for k in keys))
+    for name, row in table.items():
+        print(f"{name:<12}" + "".join(f"{m:>9.3f} ± {s:<4.3f}" for m, s in row.values()))
+    print(f"wall time {payload['wall_time_s']:.0f} s on {payload['device']} "
+          f"({payload['threads']} thread(s))")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _harness.common_parser(NAME, __doc__.splitlines()[0])
+    parser.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                        help="named configuration (default: 'default'; --quick means 'quick')")
+    parser.add_argument("--device", default="cpu",
+                        help="cpu, cuda[:N] or auto (CUDA when present); default cpu")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (default 1: bit-reproducible on the CPU)")
+    parser.add_argument("--seeds", type=int, default=None, help="number of seeds (override)")
+    parser.add_argument("--policies", default=None,
+                        help="comma-separated allocation policies (override; must include uniform)")
+    parser.add_argument("--rl-steps", type=int, default=None, help="MaxRL steps (override)")
+    parser.add_argument("--sft-steps", type=int, default=None, help="warm-start steps (override)")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> ExperimentConfig:
+    if args.quick and args.preset not in (None, "quick"):
+        raise SeraOptError("--quick and --preset disagree; give one of them.")
+    cfg = PRESETS["quick" if args.quick else (args.preset or "default")]
+    overrides: dict[str, Any] = {}
+    if args.seeds is not None:
+        overrides["seeds"] = args.seeds
+    if args.policies is not None:
+        overrides["policies"] = tuple(p.strip() for p in args.policies.split(",") if p.strip())
+    if args.rl_steps is not None:
+        overrides["rl_steps"] = args.rl_steps
+    if args.sft_steps is not None:
+        overrides["sft_steps"] = args.sft_steps
+    return replace(cfg, **overrides).validate()
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    cfg = config_from_args(args)
+    device = resolve_device(args.device)
+    if args.threads < 1:
+        raise SeraOptError("--threads must be at least 1.")
+    payload = run_experiment(cfg, seed=args.seed, device=device, out_dir=args.out,
+                             show_progress=not args.no_progress, threads=args.threads)
+    _print_table(cfg, payload)
+    print(f"results: {Path(args.out) / (NAME + '.json')}")
+    return 0
