@@ -156,7 +156,7 @@ def test_large_alpha_gives_seras_lexicographic_optimum(case, data):
 
 # ------------------------------------------------------------------ numerics
 def reference_log_gain(p, m, alpha):
-    """log(U(w(m + 1)) - U(w(m))) in arbitrary precision (60 digits beyond what q^m needs)."""
+    """The kernel's log gain in arbitrary precision (60 digits beyond what q^m needs)."""
     # Enough digits to resolve 1 - q^(m+1) against 1 - q^m when q = 1 - p is tiny.
     digits = 60 + int((m + 1) * max(0.0, -math.log10(1.0 - p)))
     with mpmath.workdps(digits):
@@ -168,7 +168,12 @@ def reference_log_gain(p, m, alpha):
                 return mpmath.log(w)
             return w ** (1 - mpmath.mpf(alpha)) / (1 - mpmath.mpf(alpha))
 
-        return float(mpmath.log(u(1 - q ** (m + 1)) - u(1 - q**m)))
+        w0, w1 = 1 - q**m, 1 - q ** (m + 1)
+        if alpha == 1:
+            # The kernel orders alpha = 1 steps by log r, r = (w1 - w0) / w0, a strictly
+            # increasing function of the gain log(w1 / w0) = log1p(r).
+            return float(mpmath.log((w1 - w0) / w0))
+        return float(mpmath.log(u(w1) - u(w0)))
 
 
 @pytest.mark.parametrize("alpha", (0.0, 0.5, 1.0, 1.5, 2.0, 8.0, 200.0))

@@ -50,6 +50,11 @@ RLOO_VARIANCE = 4  # min sum a/(n - 1) + gamma log(p) n              (VIP)
 INVERSE_COUNT = 5  # min sum W / n                                   (GVM)
 POINT_HIT = 6  # max sum 1 - (1 - p)^n, point estimate (log gains)   (HORA, known p)
 ALPHA_FAIR = 7  # max sum U_alpha(1 - (1 - p)^(n - c)) (log gains)    (sera-fair)
+# The same objective at alpha = 0, 1, 2, where the crossing of a gain value is known in
+# closed form (so a count pass evaluates no gain): x0 = a, x1 = log p (alpha = 0) or p.
+FAIR_SUM = 8  # alpha = 0: sum of the factors
+FAIR_LOG = 9  # alpha = 1: sum of log factors (proportional fairness)
+FAIR_INVERSE = 10  # alpha = 2: minus the sum of inverse factors
 
 # Collect the bracket's gains once it holds at most this many (or M / 8).
 _COLLECT_MIN = 65536
@@ -137,16 +142,21 @@ def _log1mexp(y):
 
 @njit(cache=True, error_model="numpy")
 def _fair_log_gain(a, logp, alpha, m):
-    """``log(U(w(m + 1)) - U(w(m)))`` for the alpha-fair utility ``U`` of the
-    factor ``w(m) = 1 - exp(-a m)`` after ``m`` effective rollouts.
+    """A strictly increasing function of the alpha-fair gain ``U(w(m + 1)) - U(w(m))``
+    of the factor ``w(m) = 1 - exp(-a m)`` after ``m`` effective rollouts: its log,
+    except at ``alpha = 1`` (below).
 
-    With ``w0 = w(m)`` and ``d = log(w(m + 1) / w0)``, the gain is
-    ``w0^(1 - alpha) expm1((1 - alpha) d) / (1 - alpha)`` (``d`` itself at
-    ``alpha = 1``), so its log is ``(1 - alpha) log w0 + log d +
-    log(expm1(t) / t)`` with ``t = (1 - alpha) d``: no power of ``w0`` is ever
-    formed, so large ``alpha`` neither overflows nor collapses distinct gains
-    into ties. ``d = log1p(r)`` with ``r = exp(-a m) p / w0`` taken from its log,
-    so solved prompts (``r`` far below the smallest float) keep distinct gains.
+    With ``w0 = w(m)``, ``w(m + 1) - w0 = p exp(-a m)`` exactly, so the ratio
+    ``r = (w(m + 1) - w0) / w0`` has ``log r = log p - a m - log w0`` and the gain is
+    ``w0^(1 - alpha) expm1((1 - alpha) log1p(r)) / (1 - alpha)``. Its log is
+    formed without any power of ``w0``, so a large ``alpha`` neither overflows nor
+    turns distinct gains into ties, and ``log r`` is kept in log space, so solved
+    prompts (``r`` far below the smallest float) keep distinct gains.
+
+    * ``alpha = 0``: ``log(p (1 - p)^m) = log p - a m`` (linear in ``m``);
+    * ``alpha = 1``: the gain ``log1p(r)`` is increasing in ``r``, so ``log r`` is
+      returned: it orders (and ties) steps exactly as the gain does;
+    * ``alpha = 2``: ``log(1/w0 - 1/w(m + 1)) = log r - log w0 - log1p(r)``.
 
     Edges (THEORY.md section 8): ``p = 0`` (``a = 0``) has ``w = 0`` at every
     count and gains nothing (``-inf``); ``p = 1`` (``a = inf``) has ``w = 1``
@@ -155,6 +165,10 @@ def _fair_log_gain(a, logp, alpha, m):
     """
     if a == 0.0 or m < 0:
         return -_INF
+    if alpha == 0.0:
+        if a == _INF:
+            return logp if m == 0 else -_INF
+        return logp - a * m
     if m == 0:
         if alpha >= 1.0:
             return _INF
@@ -164,17 +178,132 @@ def _fair_log_gain(a, logp, alpha, m):
         return -_INF
     y = a * m
     log_w0 = _log1mexp(y)
-    log_r = logp - y - log_w0  # log((w(m + 1) - w(m)) / w(m)), w(m+1) - w(m) = p exp(-a m)
-    if log_r < -40.0:
-        # log(log1p(r)) = log r - r / 2 + ..., and r < 5e-18 here.
-        log_d = log_r
-    else:
-        log_d = math.log(math.log1p(math.exp(log_r)))
+    log_r = logp - y - log_w0
     if alpha == 1.0:
-        return log_d
-    t = (1.0 - alpha) * math.exp(log_d)
-    log_e = 0.0 if t == 0.0 else math.log(math.expm1(t) / t)
-    return (1.0 - alpha) * log_w0 + log_d + log_e
+        return log_r
+    # log1p(r) = r (1 - r / 2 + ...); below exp(-40) the correction is under 1e-17.
+    d = math.exp(log_r)
+    if log_r > -40.0:
+        d = math.log1p(d)
+    if alpha == 2.0:
+        return log_r - log_w0 - d
+    t = (1.0 - alpha) * d
+    if t == 0.0:
+        # expm1(t) / (1 - alpha) = d to first order, and d underflowed: log d = log r.
+        return (1.0 - alpha) * log_w0 + log_r
+    return (1.0 - alpha) * log_w0 + math.log(math.expm1(t) / (1.0 - alpha))
+
+
+@njit(cache=True, error_model="numpy")
+def _softplus(t):
+    """``log(1 + exp(t))`` without overflow or loss of small values."""
+    if t > 36.0:
+        return t + math.exp(-t)
+    if t < -36.0:
+        return math.exp(t)
+    return math.log1p(math.exp(t))
+
+
+@njit(cache=True, error_model="numpy")
+def _fair_guess(a, logp, alpha, c, lam):
+    """The ``m`` (as ``c + m``) where the alpha-fair step's gain crosses ``lam``.
+
+    Exact for ``alpha = 0`` (``log p - a m = lam``) and ``alpha = 1`` (``log r(m) =
+    log p + logit(exp(-a m)) = lam``, so ``a m = softplus(log p - lam)``). Other
+    ``alpha``: the midpoint rule ``gain(m) ~ U'(w(m + 1/2)) p exp(-a m)`` gives, in
+    ``u = exp(-a (m + 1/2))``, ``log u - alpha log(1 - u) = lam - log p - a / 2``,
+    solved in closed form at ``alpha = 2`` and by Newton steps on ``logit(u)``
+    otherwise; it lands within one step of the crossing.
+    """
+    if a == 0.0:
+        return -_INF
+    if a == _INF:
+        return c + 1.0
+    z = lam - logp
+    if alpha == 0.0:
+        return c - z / a
+    if alpha == 1.0:
+        return c + _softplus(-z) / a
+    zeta = z - 0.5 * a
+    if alpha == 2.0:
+        # u / (1 - u)^2 = E: u = 2E / (2E + 1 + sqrt(4E + 1)).
+        if zeta > 700.0:
+            return c - 0.5  # u ~ 1 - 1/sqrt(E): essentially no rollout
+        big_e = math.exp(zeta)
+        u = 2.0 * big_e / (2.0 * big_e + 1.0 + math.sqrt(4.0 * big_e + 1.0))
+        if u <= 0.0:
+            return c + (-zeta) / a - 0.5
+        return c - math.log(u) / a - 0.5
+    s = zeta / alpha if zeta > 0.0 else zeta
+    for _ in range(4):
+        if s > 0.0:
+            e = math.exp(-s)
+            lp = math.log1p(e)
+            log_u = -lp
+            log_1mu = -s - lp
+            u = 1.0 / (1.0 + e)
+        else:
+            e = math.exp(s)
+            lp = math.log1p(e)
+            log_u = s - lp
+            log_1mu = -lp
+            u = e / (1.0 + e)
+        s -= (log_u - alpha * log_1mu - zeta) / ((1.0 - u) + alpha * u)
+    return c + _softplus(-s) / a - 0.5
+
+
+@njit(cache=True, error_model="numpy")
+def _exact_guess(kind, x2):
+    """Whether :func:`_guess` is the exact crossing (up to rounding) for this kind."""
+    if kind == FAIR_SUM or kind == FAIR_LOG or kind == FAIR_INVERSE:
+        return True
+    return kind == ALPHA_FAIR and (x2 == 0.0 or x2 == 1.0)
+
+
+@njit(cache=True, error_model="numpy")
+def _pass_constant(kind, lam):
+    """What a count pass at ``lam`` computes once instead of once per row."""
+    if kind == FAIR_LOG:
+        return math.exp(-lam)
+    if kind == FAIR_INVERSE:
+        return math.exp(-lam)
+    return 0.0
+
+
+@njit(cache=True, error_model="numpy")
+def _fair_log_crossing(a, p, c, lam, inv_g):
+    """Exact ``c + m`` where ``log r(m) = lam`` for alpha = 1 (see :func:`_fair_guess`):
+    ``a m = log1p(p exp(-lam))``, with ``inv_g = exp(-lam)``."""
+    if a == 0.0:
+        return -_INF
+    if a == _INF:
+        return c + 1.0
+    x = p * inv_g
+    if x < 1e300:
+        return c + math.log1p(x) / a
+    return c + _softplus(math.log(p) - lam) / a
+
+
+@njit(cache=True, error_model="numpy")
+def _fair_inverse_crossing(a, p, c, lam, inv_g):
+    """Exact ``c + m`` where the alpha = 2 gain ``1/w(m) - 1/w(m + 1) = exp(lam)``.
+
+    With ``u = exp(-a m)`` and ``q = 1 - p`` the gain is ``p u / ((1 - u)(1 - q u))``;
+    equal to ``G = exp(lam)`` at the root in (0, 1) of ``G q u^2 - (G (1 + q) + p) u +
+    G = 0``, taken in the cancellation-free form ``u = 2 / ((1 + q) + p H + sqrt(p^2 +
+    2 p (1 + q) H + p^2 H^2))`` with ``H = 1 / G = inv_g``.
+    """
+    if a == 0.0:
+        return -_INF
+    if a == _INF:
+        return c + 1.0
+    q = 1.0 - p
+    ph = p * inv_g
+    if ph > 1e150:
+        # u ~ 1 / (p H): log u = lam - log p, to within a relative 1 / (p H).
+        return c + (math.log(p) - lam) / a
+    u = 2.0 / ((1.0 + q) + ph + math.sqrt(p * p + 2.0 * (1.0 + q) * ph + ph * ph))
+    return c - math.log(u) / a
 
 
 @njit(cache=True, error_model="numpy")
@@ -214,6 +343,12 @@ def gain(kind, x0, x1, x2, c, k):
         return x0 / (float(k - 1) * float(k)) + x1
     if kind == ALPHA_FAIR:
         return _fair_log_gain(x0, x1, x2, k - c)
+    if kind == FAIR_SUM:
+        return _fair_log_gain(x0, x1, 0.0, k - c)
+    if kind == FAIR_LOG or kind == FAIR_INVERSE:
+        if x0 == 0.0:
+            return -_INF
+        return _fair_log_gain(x0, math.log(x1), 1.0 if kind == FAIR_LOG else 2.0, k - c)
     if kind == POINT_HIT:
         # log of (1 - p)^k p, with x1 = log p and x2 = log(1 - p).
         if x0 == 0.0:
@@ -280,23 +415,13 @@ def _guess(kind, x0, x1, x2, c, lam):
             return _INF
         return 0.5 * (1.0 + math.sqrt(1.0 + 4.0 * x0 / d))
     if kind == ALPHA_FAIR:
-        # x0 = a, x1 = log p, x2 = alpha. Midpoint rule: log gain(m) is about
-        # log p - a m - alpha log w(m + 1/2); its solution lies above both the
-        # solved-prompt root (w ~ 1) and the hard-prompt root (w ~ a (m + 1/2)).
-        if x0 == 0.0:
-            return -_INF
-        if x0 == _INF:
-            return c + 1.0
-        z = lam - x1
-        guess = -z / x0
-        if x2 > 0.0:
-            e = -z / x2
-            if e > 700.0:
-                return _INF
-            small = math.exp(e) / x0 - 0.5
-            if small > guess:
-                guess = small
-        return c + guess
+        return _fair_guess(x0, x1, x2, c, lam)
+    if kind == FAIR_SUM:
+        return _fair_guess(x0, x1, 0.0, c, lam)
+    if kind == FAIR_LOG:
+        return _fair_log_crossing(x0, x1, c, lam, math.exp(-lam))
+    if kind == FAIR_INVERSE:
+        return _fair_inverse_crossing(x0, x1, c, lam, math.exp(-lam))
     if kind == POINT_HIT:
         if x0 == 0.0:
             return -_INF
@@ -387,6 +512,7 @@ def _count(kind, p0, p1, p2, c, lam, rows, na, a_next, a_last, nb, b_next, b_las
     most rows without evaluating anything. Returns ``sum(out_n - na)``.
     """
     total = 0
+    aux = _pass_constant(kind, lam)
     for j in range(rows.shape[0]):
         i = rows[j]
         an = a_next[i]
@@ -410,15 +536,29 @@ def _count(kind, p0, p1, p2, c, lam, rows, na, a_next, a_last, nb, b_next, b_las
             if bl <= lam:
                 ceil -= 1
                 g_ceil = bl
-            g = _guess(kind, p0[i], p1[i], p2[i], c, lam)
+            if kind == FAIR_LOG:
+                g = _fair_log_crossing(p0[i], p1[i], c, lam, aux)
+            elif kind == FAIR_INVERSE:
+                g = _fair_inverse_crossing(p0[i], p1[i], c, lam, aux)
+            else:
+                g = _guess(kind, p0[i], p1[i], p2[i], c, lam)
             if g != g or g <= floor:
                 start = floor
             elif g >= ceil:
                 start = ceil
             else:
                 start = np.int64(math.ceil(g))
-            k, nxt, lst = _crossing(kind, p0[i], p1[i], p2[i], c, lam, floor, ceil, start,
-                                    g_below, g_ceil)
+            if (_exact_guess(kind, p2[i]) and math.isfinite(g)
+                    and abs(g - math.floor(g + 0.5)) > 1e-9 * (1.0 + abs(g))):
+                # The crossing is known in closed form and is not within rounding of a
+                # step: the count is settled without evaluating a gain (unknown gains
+                # are cached as NaN, except the bracket ends already known).
+                k = start
+                nxt = g_ceil if k == ceil else np.nan
+                lst = g_below if k == floor else np.nan
+            else:
+                k, nxt, lst = _crossing(kind, p0[i], p1[i], p2[i], c, lam, floor, ceil, start,
+                                        g_below, g_ceil)
         out_n[i] = k
         out_next[i] = nxt
         out_last[i] = lst
@@ -1040,6 +1180,9 @@ def values(kind, p0, p1, p2, c, counts):
                 out[i] = -math.expm1(_log_beta_moment(x0, x1, x2, n))
         elif kind == ALPHA_FAIR:
             out[i] = _fair_utility(x0, x2, n - c)
+        elif kind == FAIR_SUM or kind == FAIR_LOG or kind == FAIR_INVERSE:
+            out[i] = _fair_utility(x0, 0.0 if kind == FAIR_SUM else (
+                1.0 if kind == FAIR_LOG else 2.0), n - c)
         elif kind == POINT_HIT:
             if x0 == 0.0 or n <= 0:
                 out[i] = 0.0

@@ -305,6 +305,7 @@ class AlphaFairUtility(SeparableObjective):
 
     sense = "max-sum"
     _kind = 7
+    _SPECIAL: ClassVar[dict[float, int]] = {0.0: 8, 1.0: 9, 2.0: 10}
 
     def __init__(self, success_probs, alpha: float = 1.0, offset: int = 0):
         p = _as_float_row(success_probs, "success_probs")
@@ -316,10 +317,19 @@ class AlphaFairUtility(SeparableObjective):
             )
         with np.errstate(divide="ignore"):
             rates = -np.log1p(-p)
-            log_p = np.log(p)
-        super().__init__(rates, log_p, offset=offset)
         self.alpha = alpha
-        self._p2 = np.full(self._p0.shape, alpha, dtype=np.float64)
+        # alpha = 0, 1, 2 have kernels of their own whose count passes need no gain
+        # evaluation (closed-form crossings); other alpha share the general kernel.
+        if alpha in self._SPECIAL:
+            self._kind = self._SPECIAL[alpha]
+            with np.errstate(divide="ignore"):
+                second = np.log(p) if alpha == 0.0 else p
+            super().__init__(rates, second, offset=offset)
+            self._p2 = self._p1  # unread by these kernels; aliased to avoid an allocation
+        else:
+            with np.errstate(divide="ignore"):
+                super().__init__(rates, np.log(p), offset=offset)
+            self._p2 = np.full(self._p0.shape, alpha, dtype=np.float64)
 
 
 def _check_alpha(alpha) -> float:
