@@ -78,6 +78,13 @@ def _as_tensor(value, name: str, device=None) -> torch.Tensor:
         ) from exc
 
 
+def check_flag(value, name: str) -> bool:
+    """``value`` if it is a bool, else the library's error naming ``name``."""
+    if not isinstance(value, bool):
+        raise SeraOptError(f"{name} must be True or False, got {value!r}.")
+    return value
+
+
 def _check_num_prompts(num_prompts) -> int | None:
     if num_prompts is None:
         return None

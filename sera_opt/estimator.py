@@ -20,13 +20,14 @@ to the host when ``num_prompts`` is given and ``validate=False``.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import torch
 
-from ._estimator_groups import _as_tensor, _world, group
-from .exceptions import SeraOptError, SeraOptWarning
+from . import _estimator_losses as _losses
+from ._estimator_groups import _as_tensor, _world, check_flag, group
+from ._estimator_losses import LOSS_MODES as _LOSS_MODES
+from .exceptions import SeraOptError
 
 __all__ = [
     "ESTIMATORS",
@@ -48,7 +49,7 @@ ESTIMATORS = ("mean_centred", "success_average")
 ESTIMATOR_OFFSETS = {"mean_centred": 1, "success_average": 0}
 
 #: How :func:`aggregate_loss` reduces a (sequences, tokens) loss to a scalar.
-LOSS_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "token-sum")
+LOSS_MODES = _LOSS_MODES
 
 
 def _check_estimator(estimator) -> int:
@@ -58,12 +59,6 @@ def _check_estimator(estimator) -> int:
             f"the official MaxRL form, offset c = 1; 'success_average' has c = 0)."
         )
     return ESTIMATOR_OFFSETS[estimator]
-
-
-def _check_flag(value, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise SeraOptError(f"{name} must be True or False, got {value!r}.")
-    return value
 
 
 @dataclass(frozen=True)
@@ -153,7 +148,7 @@ def group_statistics(rewards, prompt_index, *, success_threshold=None, num_promp
     -------
     GroupStatistics
     """
-    validate = _check_flag(validate, "validate")
+    validate = check_flag(validate, "validate")
     groups = group(rewards, prompt_index, success_threshold=success_threshold,
                    num_prompts=num_prompts, process_group=process_group, validate=validate)
     counts = groups.failures + groups.successes
@@ -264,8 +259,8 @@ def maxrl_advantages(rewards, prompt_index, *, estimator: str = "mean_centred",
         ids out of range with ``num_prompts``, an unknown estimator.
     """
     offset = _check_estimator(estimator)
-    multiplicity_correction = _check_flag(multiplicity_correction, "multiplicity_correction")
-    validate = _check_flag(validate, "validate")
+    multiplicity_correction = check_flag(multiplicity_correction, "multiplicity_correction")
+    validate = check_flag(validate, "validate")
     groups = group(rewards, prompt_index, success_threshold=success_threshold,
                    num_prompts=num_prompts, process_group=process_group, validate=validate,
                    dtype=dtype)
@@ -273,39 +268,8 @@ def maxrl_advantages(rewards, prompt_index, *, estimator: str = "mean_centred",
     return values.view(-1).index_select(0, groups.codes)
 
 
-def _check_loss_inputs(per_token_loss, mask, mode):
-    if mode not in LOSS_MODES:
-        raise SeraOptError(f"unknown loss mode {mode!r}; use one of {LOSS_MODES}.")
-    if not isinstance(per_token_loss, torch.Tensor):
-        raise SeraOptError(
-            f"per_token_loss must be a torch.Tensor of shape (sequences, tokens), got "
-            f"{type(per_token_loss).__name__}."
-        )
-    if per_token_loss.ndim != 2 or not per_token_loss.is_floating_point():
-        raise SeraOptError(
-            f"per_token_loss must be a floating tensor of shape (sequences, tokens), got "
-            f"shape {tuple(per_token_loss.shape)} and dtype {per_token_loss.dtype}; for one "
-            f"loss per sequence use shape (N, 1)."
-        )
-    if mask is None:
-        return None
-    mask = _as_tensor(mask, "mask", device=per_token_loss.device)
-    if mask.shape != per_token_loss.shape:
-        raise SeraOptError(
-            f"mask must have the shape of per_token_loss, {tuple(per_token_loss.shape)}, got "
-            f"{tuple(mask.shape)}."
-        )
-    if mask.device != per_token_loss.device:
-        raise SeraOptError(
-            f"mask is on {mask.device} but per_token_loss is on {per_token_loss.device}."
-        )
-    if mask.is_complex():
-        raise SeraOptError("mask must be bool or real 0/1 values, got a complex tensor.")
-    return mask
-
-
 def aggregate_loss(per_token_loss, mask=None, mode: str = "token-mean", *,
-                   process_group=None) -> torch.Tensor:
+                   process_group=None, validate: bool = True) -> torch.Tensor:
     """Reduce a (sequences, tokens) loss to the scalar a trainer minimises.
 
     With ``L_k = sum_t mask[k, t]`` the length of sequence ``k``, ``T = sum_k L_k``
@@ -338,8 +302,11 @@ def aggregate_loss(per_token_loss, mask=None, mode: str = "token-mean", *,
         Per-token loss, for example ``-advantages[:, None] * token_logprobs`` or a
         PPO-clipped surrogate (see :func:`policy_gradient_loss`).
     mask : torch.Tensor, shape (N, T), optional
-        Which tokens count (bool or 0/1; other values act as token weights).
-        None: every token.
+        Which tokens count: bool, or non-negative finite numbers (0/1 as a rule;
+        other values act as token weights, and ``L_k`` and ``T`` are then sums of
+        weights). Tokens with mask 0 are ignored entirely: their loss values,
+        even NaN or inf, reach neither the result nor the gradient. None: every
+        token.
     mode : str, default "token-mean"
         One of :data:`LOSS_MODES`.
     process_group : torch.distributed.ProcessGroup, optional
@@ -348,50 +315,32 @@ def aggregate_loss(per_token_loss, mask=None, mode: str = "token-mean", *,
         the world size, so that the averaged gradient, and the mean over ranks of
         the returned values, equal those of the single-process loss on the whole
         batch.
+    validate : bool, default True
+        Check that the mask holds no NaN, inf or negative entry and that the
+        loss is finite at every token that counts, at the cost of one host
+        read-back (under data parallelism the check travels with the count
+        all-reduce, also in "token-sum" mode, and every rank raises if any
+        rank's input is bad). With False, nothing is checked or read back and
+        bad values give a NaN, inf or meaningless loss.
 
     Returns
     -------
     torch.Tensor, shape ()
         Zero (with gradient) when no token is unmasked.
+
+    Raises
+    ------
+    SeraOptError
+        An unknown mode; a loss that is not a floating (N, T) tensor; a mask of
+        another shape or device; with ``validate``, NaN, inf or negative mask
+        entries and non-finite losses at unmasked tokens (naming the first).
     """
-    mask = _check_loss_inputs(per_token_loss, mask, mode)
-    dist, world = _world(process_group)
-    # Token and sequence counts in float64 (float32 on MPS): a bfloat16 count
-    # would already be inexact beyond 256 tokens.
-    count_dtype = torch.float32 if per_token_loss.device.type == "mps" else torch.float64
-    if mask is None:
-        masked = per_token_loss
-        lengths = torch.full(per_token_loss.shape[:1], per_token_loss.shape[1],
-                             dtype=count_dtype, device=per_token_loss.device)
-    else:
-        masked = per_token_loss * mask.to(per_token_loss.dtype)
-        lengths = mask.sum(dim=1, dtype=count_dtype)
-    if mode == "token-sum":
-        loss = masked.sum()
-        return loss * world if dist is not None else loss
-    if mode == "token-mean":
-        numerator = masked.sum()
-        denominator = lengths.sum()
-    else:
-        per_sequence = masked.sum(dim=1)
-        if mode == "seq-mean-token-mean":
-            # An empty sequence has a zero numerator; dividing by 1 keeps it 0.
-            per_sequence = per_sequence / torch.where(lengths != 0, lengths, 1)
-        numerator = per_sequence.sum()
-        denominator = torch.count_nonzero(lengths).to(count_dtype)
-    denominator = denominator.detach()
-    if dist is not None:
-        denominator = denominator.clone()
-        dist.all_reduce(denominator, group=process_group)
-        numerator = numerator * world
-    # Nothing unmasked anywhere: the numerator is 0 and so is the loss.
-    loss = numerator / torch.where(denominator > 0, denominator, 1)
-    return loss.to(per_token_loss.dtype)
+    return _losses.aggregate_loss(per_token_loss, mask, mode, process_group, validate)
 
 
 def policy_gradient_loss(token_logprobs, advantages, mask=None, mode: str = "token-mean", *,
                          old_token_logprobs=None, clip_range=None,
-                         process_group=None) -> torch.Tensor:
+                         process_group=None, validate: bool = True) -> torch.Tensor:
     """The MaxRL policy-gradient loss from per-token log-probabilities and advantages.
 
     Per token, ``loss = -A_k * log pi(token)`` (REINFORCE, whose gradient is
@@ -409,7 +358,8 @@ def policy_gradient_loss(token_logprobs, advantages, mask=None, mode: str = "tok
     advantages : torch.Tensor, shape (N,)
         For example from :func:`maxrl_advantages`; used as constants (detached).
     mask : torch.Tensor, shape (N, T), optional
-        Which tokens count; see :func:`aggregate_loss`.
+        Which tokens count; see :func:`aggregate_loss`. Masked tokens are
+        ignored, whatever their log-probabilities (padding may hold -inf).
     mode : str, default "token-mean"
         One of :data:`LOSS_MODES`.
     old_token_logprobs : torch.Tensor, shape (N, T), optional
@@ -420,53 +370,26 @@ def policy_gradient_loss(token_logprobs, advantages, mask=None, mode: str = "tok
         Only used with ``old_token_logprobs``.
     process_group : torch.distributed.ProcessGroup, optional
         See :func:`aggregate_loss`.
+    validate : bool, default True
+        Check the mask (as :func:`aggregate_loss` does), that every advantage is
+        finite (in the dtype of ``token_logprobs``), that the log-probabilities
+        are finite at every token that counts, and that the per-token loss did
+        not overflow, with one host read-back; under data parallelism every
+        rank raises if any rank's input is bad. With False, nothing is checked
+        or read back.
 
     Returns
     -------
     torch.Tensor, shape ()
+
+    Raises
+    ------
+    SeraOptError
+        Bad shapes, dtypes or devices, an unknown mode, a bad ``clip_range``; with
+        ``validate``, the bad values above (naming the input and the first entry).
     """
-    if not isinstance(token_logprobs, torch.Tensor) or token_logprobs.ndim != 2:
-        raise SeraOptError(
-            "token_logprobs must be a tensor of shape (sequences, tokens); for sequence "
-            "log-probabilities use shape (N, 1)."
-        )
-    advantages = _as_tensor(advantages, "advantages", device=token_logprobs.device)
-    if advantages.shape != token_logprobs.shape[:1]:
-        raise SeraOptError(
-            f"advantages must have one entry per sequence, shape ({token_logprobs.shape[0]},), "
-            f"got {tuple(advantages.shape)}."
-        )
-    advantages = advantages.detach().to(token_logprobs.dtype)[:, None]
-    if old_token_logprobs is None:
-        if clip_range is not None:
-            warnings.warn("clip_range is ignored without old_token_logprobs (no PPO ratio).",
-                          SeraOptWarning, stacklevel=2)
-        per_token_loss = -advantages * token_logprobs
-    else:
-        old_token_logprobs = _as_tensor(old_token_logprobs, "old_token_logprobs",
-                                        device=token_logprobs.device)
-        if old_token_logprobs.shape != token_logprobs.shape:
-            raise SeraOptError(
-                f"old_token_logprobs must have the shape of token_logprobs, "
-                f"{tuple(token_logprobs.shape)}, got {tuple(old_token_logprobs.shape)}."
-            )
-        low, high = _clip_bounds(0.2 if clip_range is None else clip_range)
-        ratio = torch.exp(token_logprobs - old_token_logprobs.detach())
-        clipped = ratio.clamp(1.0 - low, 1.0 + high)
-        per_token_loss = -torch.minimum(ratio * advantages, clipped * advantages)
-    return aggregate_loss(per_token_loss, mask, mode, process_group=process_group)
-
-
-def _clip_bounds(clip_range):
-    pair = clip_range if isinstance(clip_range, (tuple, list)) else (clip_range, clip_range)
-    if len(pair) != 2:
-        raise SeraOptError(f"clip_range must be a float or a pair of floats, got {clip_range!r}.")
-    low, high = (float(v) for v in pair)
-    if not (0 <= low < 1 and high >= 0):
-        raise SeraOptError(
-            f"clip_range must satisfy 0 <= eps_low < 1 and eps_high >= 0, got {clip_range!r}."
-        )
-    return low, high
+    return _losses.policy_gradient_loss(token_logprobs, advantages, mask, mode,
+                                        old_token_logprobs, clip_range, process_group, validate)
 
 
 @_doc
@@ -510,8 +433,8 @@ def advantage_diagnostics(rewards, prompt_index, *, estimator: str = "mean_centr
         are 0). Means are over the M prompts.
     """
     offset = _check_estimator(estimator)
-    multiplicity_correction = _check_flag(multiplicity_correction, "multiplicity_correction")
-    validate = _check_flag(validate, "validate")
+    multiplicity_correction = check_flag(multiplicity_correction, "multiplicity_correction")
+    validate = check_flag(validate, "validate")
     groups = group(rewards, prompt_index, success_threshold=success_threshold,
                    num_prompts=num_prompts, process_group=process_group, validate=validate,
                    dtype=torch.float64)

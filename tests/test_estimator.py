@@ -9,7 +9,11 @@ is compared with a loop over prompts in exact rational arithmetic.
 from __future__ import annotations
 
 import itertools
+import json
 import math
+import subprocess
+import sys
+import textwrap
 from fractions import Fraction
 
 import numpy as np
@@ -397,12 +401,23 @@ def test_fast_path_reads_nothing_back(estimator, correction):
                                         multiplicity_correction=correction,
                                         num_prompts=counts.numel(), validate=False)
         logits = torch.zeros(ids.numel(), 4, requires_grad=True)
-        sera_opt.policy_gradient_loss(logits, adv, torch.ones(ids.numel(), 4),
-                                      "seq-mean-token-mean")
+        old = torch.zeros(ids.numel(), 4)
+        mask = torch.ones(ids.numel(), 4)
+        sera_opt.policy_gradient_loss(logits, adv, mask, "seq-mean-token-mean", validate=False)
+        sera_opt.policy_gradient_loss(logits, adv, mask.bool(), old_token_logprobs=old,
+                                      validate=False)
+        for mode in est.LOSS_MODES:
+            sera_opt.aggregate_loss(logits, mask, mode, validate=False)
     assert recorder.calls == []
-    # The recorder does see the validating path's single read-back.
+    # The recorder does see the validating paths' single read-back each.
     with _SyncRecorder() as recorder:
         sera_opt.maxrl_advantages(rewards, ids, num_prompts=counts.numel())
+    assert recorder.calls == ["tolist"]
+    with _SyncRecorder() as recorder:
+        sera_opt.policy_gradient_loss(logits, adv, mask, "token-sum", old_token_logprobs=old)
+    assert recorder.calls == ["tolist"]
+    with _SyncRecorder() as recorder:
+        sera_opt.aggregate_loss(logits, mask)
     assert recorder.calls == ["tolist"]
 
 
@@ -696,6 +711,117 @@ def test_loss_bad_inputs(call, match):
         call()
 
 
+NAN, INF = float("nan"), float("inf")
+
+
+def _loss_batch(dtype=torch.float64):
+    g = torch.Generator().manual_seed(21)
+    logp = -torch.rand(4, 5, generator=g, dtype=dtype) * 3
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [0, 0, 0, 0, 0]],
+                        dtype=torch.bool)
+    adv = torch.tensor([0.5, -1.0, 2.0, 0.0], dtype=dtype)
+    return logp, mask, adv
+
+
+def _with(tensor, index, value):
+    out = tensor.clone()
+    out[index] = value
+    return out
+
+
+# One case per kind of bad value: (name, call, what the message must say).
+_LOGP, _MASK, _ADV = _loss_batch()
+BAD_LOSS_VALUES = [
+    ("mask NaN", lambda **kw: sera_opt.aggregate_loss(_LOGP, _with(_MASK.double(), (1, 2), NAN),
+                                                      **kw), r"mask contains 1 .*\[1, 2\]"),
+    ("mask inf", lambda **kw: sera_opt.aggregate_loss(_LOGP, _with(_MASK.double(), (0, 0), INF),
+                                                      **kw), r"mask contains 1 .*\[0, 0\]"),
+    ("mask negative", lambda **kw: sera_opt.aggregate_loss(
+        _LOGP, _with(_MASK.double(), (2, 1), -1.0), **kw), r"mask contains 1 .*\(-1.0\)"),
+    ("integer mask negative", lambda **kw: sera_opt.aggregate_loss(
+        _LOGP, _with(_MASK.long(), (3, 4), -1), **kw), r"mask contains 1 .*\[3, 4\]"),
+    ("policy mask negative", lambda **kw: sera_opt.policy_gradient_loss(
+        _LOGP, _ADV, _with(_MASK.float(), (0, 1), -0.5), **kw), "mask contains 1"),
+    ("loss NaN", lambda **kw: sera_opt.aggregate_loss(_with(_LOGP, (1, 4), NAN), _MASK, **kw),
+     r"per_token_loss contains 1 non-finite .* at unmasked tokens, the first at \[1, 4\]"),
+    ("loss inf, no mask", lambda **kw: sera_opt.aggregate_loss(_with(_LOGP, (3, 0), -INF), **kw),
+     r"per_token_loss contains 1 non-finite value\(s\) \(NaN or inf\), the first at \[3, 0\]"),
+    ("advantage NaN", lambda **kw: sera_opt.policy_gradient_loss(_LOGP, _with(_ADV, 2, NAN),
+                                                                _MASK, **kw),
+     r"advantages contains 1 .*\[2\] \(nan\)"),
+    ("advantage inf", lambda **kw: sera_opt.policy_gradient_loss(_LOGP, _with(_ADV, 1, INF),
+                                                                _MASK, **kw), r"advantages .*\[1\]"),
+    ("advantage overflows the dtype", lambda **kw: sera_opt.policy_gradient_loss(
+        _LOGP.float(), _with(_ADV, 0, 1e300), _MASK, **kw), r"advantages .*as torch.float32"),
+    ("logprob NaN", lambda **kw: sera_opt.policy_gradient_loss(_with(_LOGP, (0, 2), NAN), _ADV,
+                                                              _MASK, **kw),
+     r"token_logprobs contains 1 .*unmasked.*\[0, 2\]"),
+    ("logprob -inf", lambda **kw: sera_opt.policy_gradient_loss(_with(_LOGP, (1, 0), -INF), _ADV,
+                                                               **kw), r"token_logprobs .*-inf"),
+    ("old logprob NaN", lambda **kw: sera_opt.policy_gradient_loss(
+        _LOGP, _ADV, _MASK, old_token_logprobs=_with(_LOGP, (2, 0), NAN), **kw),
+     r"old_token_logprobs contains 1 .*\[2, 0\]"),
+    ("ratio overflows", lambda **kw: sera_opt.policy_gradient_loss(
+        _LOGP.float(), -_ADV.float(), _MASK, old_token_logprobs=_with(_LOGP.float(), (0, 1), -200.0),
+        **kw), r"the per-token loss contains 1 .*overflowed"),
+]
+
+
+@pytest.mark.parametrize("name,call,match", BAD_LOSS_VALUES, ids=[c[0] for c in BAD_LOSS_VALUES])
+def test_losses_reject_bad_values(name, call, match):
+    with pytest.raises(SeraOptError, match=match):
+        call()
+    # validate=False trusts the input: no error, and the bad value shows in the result.
+    value = call(validate=False)
+    assert not math.isfinite(value.item()) or "mask" in name, (name, value)
+
+
+def test_loss_validate_flag_must_be_bool():
+    logp, mask, adv = _loss_batch()
+    with pytest.raises(SeraOptError, match="validate must be True or False"):
+        sera_opt.aggregate_loss(logp, mask, validate=1)
+    with pytest.raises(SeraOptError, match="validate must be True or False"):
+        sera_opt.policy_gradient_loss(logp, adv, mask, validate="no")
+
+
+def test_non_binary_mask_weights_are_accepted_and_documented_as_weights():
+    loss = torch.ones(2, 3, dtype=torch.float64)
+    weights = torch.tensor([[0.5, 2.0, 0.0], [0.0, 0.0, 0.0]], dtype=torch.float64)
+    assert sera_opt.aggregate_loss(loss, weights, "token-sum").item() == 2.5
+    assert sera_opt.aggregate_loss(loss * 3, weights, "token-mean").item() == 3.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), mode=st.sampled_from(est.LOSS_MODES), ppo=st.booleans(),
+       weighted=st.booleans())
+def test_masked_tokens_never_reach_loss_or_gradient(data, mode, ppo, weighted):
+    """Garbage (NaN, +-inf) at masked tokens changes neither the loss nor its gradient."""
+    rows, cols = data.draw(st.integers(1, 5)), data.draw(st.integers(1, 6))
+    seed = data.draw(st.integers(0, 2**31 - 1))
+    g = torch.Generator().manual_seed(seed)
+    logp = -torch.rand(rows, cols, generator=g, dtype=torch.float64) * 4
+    old = logp - 0.1 * torch.randn(rows, cols, generator=g, dtype=torch.float64)
+    keep = torch.rand(rows, cols, generator=g) < 0.6
+    mask = keep * (torch.rand(rows, cols, generator=g, dtype=torch.float64) + 0.5) if weighted else keep
+    adv = torch.randn(rows, generator=g, dtype=torch.float64)
+    garbage = torch.tensor([NAN, INF, -INF], dtype=torch.float64)[
+        torch.randint(0, 3, (rows, cols), generator=g)]
+
+    def run(fill):
+        x = torch.where(keep, logp, fill).requires_grad_()
+        o = torch.where(keep, old, fill) if ppo else None
+        loss = sera_opt.policy_gradient_loss(x, adv, mask, mode, old_token_logprobs=o)
+        (grad,) = torch.autograd.grad(loss, x)
+        return loss.detach(), grad
+
+    clean_loss, clean_grad = run(torch.zeros(()))
+    dirty_loss, dirty_grad = run(garbage)
+    assert math.isfinite(clean_loss.item())
+    assert torch.equal(dirty_loss, clean_loss)
+    assert torch.equal(dirty_grad, clean_grad) and torch.isfinite(dirty_grad).all()
+    assert (dirty_grad[~keep] == 0).all()
+
+
 # ----------------------------------------------------------------------------
 # Diagnostics
 # ----------------------------------------------------------------------------
@@ -762,10 +888,35 @@ def test_diagnostics_rejects_bad_success_probs():
                                        success_probs=torch.tensor([0.5]))
 
 
-def test_lazy_exports():
-    for name in est.__all__:
-        assert getattr(sera_opt, name) is getattr(est, name)
-        assert name in dir(sera_opt)
+def test_lazy_exports_resolve_to_the_estimator_and_load_torch_only_on_access():
+    """Each exported name is the object in sera_opt.estimator, and torch loads on first use.
+
+    In a fresh interpreter: importing sera_opt (and listing it) must not load
+    torch or the estimator; the first access of an estimator name must load both
+    and return sera_opt.estimator's own object, for every name in its __all__.
+    """
+    code = textwrap.dedent("""
+        import json, sys
+        import sera_opt
+        dir(sera_opt)
+        before = [m for m in ("torch", "sera_opt.estimator") if m in sys.modules]
+        first = sera_opt.maxrl_advantages
+        after = [m for m in ("torch", "sera_opt.estimator") if m in sys.modules]
+        import sera_opt.estimator as est
+        same = {name: getattr(sera_opt, name) is getattr(est, name) for name in est.__all__}
+        exported = sorted(n for n, m in sera_opt._LAZY.items() if m == ".estimator")
+        print(json.dumps(dict(before=before, after=after, same=same, exported=exported,
+                              all=sorted(est.__all__), first=first is est.maxrl_advantages)))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    report = json.loads(out.stdout)
+    assert report["before"] == [], f"import sera_opt loaded {report['before']}"
+    assert report["after"] == ["torch", "sera_opt.estimator"]
+    assert report["first"]
+    assert report["same"] and all(report["same"].values()), report["same"]
+    # Every public estimator name is exported lazily, and nothing else points there.
+    assert report["exported"] == report["all"]
     assert est.ESTIMATOR_OFFSETS == {"mean_centred": 1, "success_average": 0}
 
 
@@ -797,6 +948,7 @@ def test_cuda_fast_path_does_not_synchronise():
     mask = torch.rand(ids.numel(), 7, device="cuda") < 0.8
     sera_opt.maxrl_advantages(rewards, ids, num_prompts=counts.numel(), validate=False)  # warm up
     torch.cuda.synchronize()
+    old = logp.detach() + 0.01
     torch.cuda.set_sync_debug_mode("error")
     try:
         for estimator, correction in COMBINATIONS:
@@ -804,7 +956,16 @@ def test_cuda_fast_path_does_not_synchronise():
                                             multiplicity_correction=correction,
                                             num_prompts=counts.numel(), validate=False)
             for mode in est.LOSS_MODES:
-                sera_opt.policy_gradient_loss(logp, adv, mask, mode)
+                sera_opt.policy_gradient_loss(logp, adv, mask, mode, validate=False)
+                sera_opt.policy_gradient_loss(logp, adv, mask.float(), mode,
+                                              old_token_logprobs=old, validate=False)
+                sera_opt.aggregate_loss(logp, mask, mode, validate=False)
+        # The check has power: the validating calls do read back.
+        for call in (lambda: sera_opt.maxrl_advantages(rewards, ids, num_prompts=counts.numel()),
+                     lambda: sera_opt.policy_gradient_loss(logp, adv, mask),
+                     lambda: sera_opt.aggregate_loss(logp, mask)):
+            with pytest.raises(RuntimeError, match="synchroniz"):
+                call()
     finally:
         torch.cuda.set_sync_debug_mode("default")
 

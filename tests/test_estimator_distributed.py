@@ -123,6 +123,33 @@ def _scenarios(rank, failures):
         _check(torch.allclose(value / WORLD, full_value, rtol=1e-12),
                f"loss mode {mode}: mean of rank losses {value / WORLD} != {full_value}", failures)
 
+    # Invalid loss inputs on one rank: every rank raises (also in "token-sum" mode,
+    # which needs no collective of its own), the faulty one says what is wrong.
+    shard_adv = sera_opt.maxrl_advantages(rewards[mine], ids[mine], process_group=group)
+    shard_logp = torch.nn.functional.logsigmoid(features[mine] @ weight).detach()
+    shard_mask = mask[mine].double()
+    bad_mask = torch.full_like(shard_mask, -1.0) if rank == 1 else shard_mask
+    bad_adv = torch.full_like(shard_adv, float("nan")) if rank == 1 else shard_adv
+    bad_logp = torch.full_like(shard_logp, float("inf")) if rank == 1 else shard_logp
+    pg, agg = sera_opt.policy_gradient_loss, sera_opt.aggregate_loss
+    for mode in sera_opt.LOSS_MODES:
+        calls = {
+            ("policy_gradient_loss", "mask"): (pg, (shard_logp, shard_adv, bad_mask)),
+            ("policy_gradient_loss", "advantages"): (pg, (shard_logp, bad_adv, shard_mask)),
+            ("policy_gradient_loss", "token_logprobs"): (pg, (bad_logp, shard_adv, shard_mask)),
+            ("aggregate_loss", "mask"): (agg, (shard_logp, bad_mask)),
+            ("aggregate_loss", "per_token_loss"): (agg, (bad_logp, shard_mask)),
+        }
+        for (name, culprit), (func, args) in calls.items():
+            try:
+                func(*args, mode=mode, process_group=group)
+                failures.append(f"rank {rank}: {name}, {mode}, bad {culprit}: no error")
+            except SeraOptError as exc:
+                text = str(exc)
+                ok = (text.startswith(f"{culprit} contains") if rank == 1
+                      else "another rank" in text and culprit in text)
+                _check(ok, f"rank {rank}: {name}, {mode}, bad {culprit}: {text}", failures)
+
     # Invalid input on one rank: every rank raises, nobody hangs in a collective.
     bad = rewards[mine].clone()
     if rank == 1:
