@@ -3,98 +3,560 @@
 ``sera-opt allocate``  allocate a budget over prompts read from CSV, JSON, .npy or stdin
 ``sera-opt bench NAME``  run a benchmark or experiment (solvers, estimator, alignment, ...)
 ``sera-opt demo``  the quick alignment comparison on scikit-learn's digits
+
+Exit status: 0 on success; 2 when the command line or the input is wrong, with one line
+on stderr that says what to fix; 1 when sera_opt fails in a way it did not foresee (one
+line on stderr naming the exception and the file that holds its traceback;
+``sera-opt --traceback ...`` prints the traceback instead); 130 when interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import csv
+import inspect
 import io
 import json
+import operator
+import os
+import re
+import shlex
 import sys
+import tempfile
+import traceback
+import warnings
+from decimal import Decimal, InvalidOperation
 from importlib import import_module
 from pathlib import Path
 
 import numpy as np
 
-from .api import allocate
-from .exceptions import SeraOptError
-from .policies import UniformPolicy
+from .exceptions import SeraOptError, SeraOptWarning
+from .policies import POLICIES, SERAPolicy, UniformPolicy, available_policies, get_policy
+from .problem import validate_success_probs
 from .solvers import available_solvers
 
-__all__ = ["main", "read_success_probs"]
+__all__ = ["main", "build_parser", "read_success_probs"]
 
 BENCHMARKS = ("solvers", "estimator", "tracking", "alignment", "maze", "arithmetic")
 
+# Whole numbers on the command line are read exactly as Python ints; beyond this many
+# digits no budget can be spent and Python refuses to print the number (its 4300-digit
+# limit), so the parser stops there instead of in a library error message.
+MAX_DIGITS = 1000
+
+_NPY_MAGIC = b"\x93NUMPY"
+_FORMATS_HINT = "give the probabilities as CSV or JSON text (UTF-8) or as a NumPy .npy array"
+# Options that have their own flag; taking them through --option too would let the two
+# disagree silently.
+_OPTION_FLAGS = {"min_rollouts": "--min", "max_rollouts": "--max", "offset": "--offset",
+                 "solver": "--solver"}
+
+
+# ----------------------------------------------------------------------------- input
+
 
 def read_success_probs(source: str, *, column: str | None = None) -> np.ndarray:
-    """Read success probabilities from a path (``.csv``, ``.json``, ``.npy``) or ``-`` (stdin).
+    """Read and validate success probabilities from a file or stdin.
 
-    CSV: one number per line, or a table whose column is chosen by ``column``
-    (default: the only or the first column; a header row is detected). JSON: a
-    list of numbers, or an object with a ``"success_probs"`` list. Stdin is read
-    as JSON when it starts with ``[`` or ``{``, otherwise as CSV/whitespace text.
+    Parameters
+    ----------
+    source : str
+        A path, or ``"-"`` for stdin. The content decides the format, so a
+        suffix is optional: a NumPy ``.npy`` array (its magic bytes; a
+        ``.npy`` suffix requires them), JSON (a ``.json`` suffix, or text that
+        starts with ``[`` or ``{``: a list of numbers, or an object with a
+        ``"success_probs"`` list), or else a table: one number per line, all
+        numbers on one line, or columns under a header row. Cells are
+        separated by tabs, semicolons, commas or whitespace, whichever the
+        first line uses (in that order).
+    column : str, optional
+        Header name of the table column that holds the probabilities; required
+        when the table has several columns, refused for JSON and ``.npy``.
+
+    Returns
+    -------
+    ndarray, shape (M,)
+        The probabilities: float64, or float32 for a ``.npy`` array of float32 or
+        float16 (as :func:`sera_opt.problem.validate_success_probs` keeps them).
+
+    Raises
+    ------
+    SeraOptError
+        With the source's name, the place in it and the fix, for anything that
+        is not one finite probability in [0, 1] per prompt: unreadable or
+        binary files, malformed JSON, entries that are not numbers (strings,
+        null, booleans, nested lists), rows of the wrong length, tables whose
+        column is ambiguous, pickles and arrays of the wrong shape or dtype.
     """
+    name, data = _read_source(source)
+    suffix = "" if source == "-" else Path(source).suffix.lower()
+    is_npy = isinstance(data, bytes) and data.startswith(_NPY_MAGIC)
+    if suffix == ".npy" and not is_npy:
+        raise SeraOptError(
+            f"{name} is not a NumPy .npy file (it does not start with the .npy header); save "
+            f"the array with numpy.save, or rename the file if it holds CSV or JSON text."
+        )
+    if is_npy:
+        kind, values = "a .npy array", _from_npy(data, name)
+    else:
+        text = _decode(data, name)
+        if suffix == ".json" or _FIRST_LINE.search(text).group()[0] in "[{":
+            kind, values = "JSON", _from_json(text, name)
+        else:
+            kind, values = "table", _from_table(text, name, column)
+    if column is not None and kind != "table":
+        raise SeraOptError(
+            f"--column selects a column of a CSV table, but {name} is {kind}; drop --column."
+        )
+    try:
+        return validate_success_probs(values)
+    except SeraOptError as exc:
+        raise SeraOptError(f"{name}: {exc}") from None
+
+
+def _read_source(source: str) -> tuple[str, bytes | str]:
+    """The display name and the raw content (bytes; text where stdin is a text stream)."""
     if source == "-":
-        text = sys.stdin.read()
-        stripped = text.lstrip()
-        if stripped.startswith(("[", "{")):
-            return _from_json(json.loads(text))
-        return _from_csv(text, column)
-    path = Path(source)
-    if not path.exists():
-        raise SeraOptError(f"no such file: {source!r}")
-    suffix = path.suffix.lower()
-    if suffix == ".npy":
-        return np.load(path, allow_pickle=False)
-    if suffix == ".json":
-        return _from_json(json.loads(path.read_text()))
-    if suffix in (".csv", ".txt", ".tsv", ""):
-        return _from_csv(path.read_text(), column)
+        stream = sys.stdin
+        if stream is None:
+            raise SeraOptError("no input: stdin is closed; give a file or pipe the "
+                               "probabilities into `sera-opt allocate -`.")
+        try:
+            interactive = stream.isatty()
+        except (AttributeError, ValueError):
+            interactive = False
+        if interactive:
+            # Reading would wait for the user to type and press Ctrl-D, which reads as a hang.
+            raise SeraOptError(
+                "no input: give a file (CSV, JSON or .npy) or pipe the probabilities into "
+                "stdin, e.g. echo '[0.9, 0.5, 0.05]' | sera-opt allocate - --budget 24."
+            )
+        buffer = getattr(stream, "buffer", None)
+        try:
+            return "<stdin>", (buffer.read() if buffer is not None else stream.read())
+        except (OSError, ValueError) as exc:
+            raise SeraOptError(f"cannot read stdin: {exc}") from None
+    try:
+        return repr(source), Path(source).read_bytes()
+    except (FileNotFoundError, NotADirectoryError):
+        raise SeraOptError(f"no such file: {source!r}; check the path.") from None
+    except IsADirectoryError:
+        raise SeraOptError(
+            f"{source!r} is a folder, not a file; give the file that holds the probabilities."
+        ) from None
+    except PermissionError:
+        raise SeraOptError(
+            f"cannot read {source!r}: permission denied; make it readable or copy it."
+        ) from None
+    except OSError as exc:
+        raise SeraOptError(f"cannot read {source!r}: {exc.strerror or exc}.") from None
+
+
+def _decode(data: bytes | str, name: str) -> str:
+    if isinstance(data, bytes):
+        if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+            raise SeraOptError(f"{name} is UTF-16 text; save it as UTF-8 (or {_FORMATS_HINT}).")
+        if b"\x00" in data:
+            raise SeraOptError(f"{name} is a binary file, not text; {_FORMATS_HINT}.")
+        try:
+            data = data.decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            raise SeraOptError(
+                f"{name} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
+                f"{_FORMATS_HINT}."
+            ) from None
+    text = data.removeprefix("\ufeff")
+    if not text.strip():
+        raise SeraOptError(
+            f"{name} is empty; give one success probability per prompt (CSV, JSON or .npy)."
+        )
+    return text
+
+
+def _from_npy(data: bytes, name: str) -> np.ndarray:
+    try:
+        array = np.lib.format.read_array(io.BytesIO(data), allow_pickle=False)
+    except ValueError as exc:
+        if "allow_pickle" in str(exc):
+            raise SeraOptError(
+                f"{name} holds Python objects (an object array, stored as a pickle), which "
+                f"sera-opt does not load; save a float array: "
+                f"numpy.save(path, numpy.asarray(probs, dtype=float))."
+            ) from None
+        raise SeraOptError(f"{name} is not a readable .npy array ({exc}); save it again "
+                           f"with numpy.save.") from None
+    except (EOFError, OSError) as exc:
+        raise SeraOptError(f"{name} is a truncated or damaged .npy file ({exc}); save it "
+                           f"again with numpy.save.") from None
+    if array.dtype == np.bool_:
+        raise SeraOptError(f"{name} holds booleans, not probabilities; save the probabilities "
+                           f"as a float array.")
+    return array
+
+
+def _json_kind(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"the boolean {json.dumps(value)}"
+    if isinstance(value, str):
+        shown = value if len(value) <= 20 else value[:17] + "..."
+        return f"the string {json.dumps(shown)}"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return f"the number {value!r}"
+
+
+_JSON_HINTS = {
+    str: " (write numbers without quotes)",
+    type(None): " (estimate missing probabilities first, for example with sera_opt.SuccessTracker)",
+    bool: " (true and false are not probabilities; write 1 or 0 if that is what you mean)",
+    list: " (the list must be flat: one probability per prompt)",
+    dict: "",
+}
+
+
+def _fits_float(value: int) -> bool:
+    try:
+        float(value)
+    except OverflowError:
+        return False
+    return True
+
+
+def _from_json(text: str, name: str) -> np.ndarray:
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SeraOptError(
+            f"{name} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}; "
+            f"give a list of numbers such as [0.9, 0.5, 0.05]."
+        ) from None
+    except RecursionError:
+        raise SeraOptError(f"{name}: the JSON is nested too deeply; give a flat list of "
+                           f"numbers.") from None
+    where = "the list"
+    if isinstance(obj, dict):
+        if "success_probs" not in obj:
+            keys = ", ".join(repr(k) for k in list(obj)[:10]) or "none"
+            raise SeraOptError(
+                f"{name}: a JSON object must hold the probabilities under the key "
+                f"'success_probs'; its keys are {keys}."
+            )
+        obj, where = obj["success_probs"], "the 'success_probs' list"
+    if not isinstance(obj, list):
+        raise SeraOptError(
+            f"{name}: JSON input must be a list of probabilities (or an object with a "
+            f"'success_probs' list), got {_json_kind(obj)}."
+        )
+    for i, value in enumerate(obj):
+        # Exact types: bool is an int subclass and would pass as 0 or 1.
+        if type(value) not in (int, float):
+            raise SeraOptError(
+                f"{name}: entry {i} of {where} is {_json_kind(value)}, not a number"
+                f"{_JSON_HINTS[type(value)]}."
+            )
+    try:
+        return np.array(obj, dtype=np.float64)
+    except OverflowError:
+        i = next(i for i, v in enumerate(obj) if isinstance(v, int) and not _fits_float(v))
+        raise SeraOptError(
+            f"{name}: entry {i} of {where} is an integer too large to be a probability in "
+            f"[0, 1]."
+        ) from None
+
+
+def _is_number(cell: str) -> bool:
+    try:
+        float(cell)
+    except ValueError:
+        return False
+    return True
+
+
+_FIRST_LINE = re.compile(r"\S[^\n\r]*")
+# Two fields on one line of a file without delimiters.
+_TWO_FIELDS = re.compile(r"\S[^\S\n]+\S")
+
+
+def _delimiter(text: str) -> str | None:
+    """The delimiter the first non-blank line uses: tab, semicolon, comma, else whitespace."""
+    first = _FIRST_LINE.search(text).group()
+    return next((d for d in ("\t", ";", ",") if d in first), None)
+
+
+def _table_rows(text: str, name: str, delimiter: str | None) -> list[list[str]]:
+    """The cells of every non-blank row (CSV cells unstripped: float() ignores the spaces)."""
+    if delimiter is None:
+        return [cells for cells in map(str.split, text.splitlines()) if cells]
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)
+    try:
+        rows = list(reader)
+    except csv.Error as exc:
+        raise SeraOptError(f"{name}: line {reader.line_num} is not valid CSV ({exc}).") from None
+    return [cells for cells in rows if "".join(cells).strip()]
+
+
+def _line_number(text: str, delimiter: str | None, k: int) -> int:
+    """The line on which non-blank row ``k`` ends; for messages only (it reads the text again)."""
+    if delimiter is None:
+        return [n for n, line in enumerate(text.splitlines(), 1) if line.split()][k]
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)
+    count = -1
+    for cells in reader:
+        count += bool("".join(cells).strip())
+        if count == k:
+            break
+    return reader.line_num
+
+
+def _parse_floats(cells: list[str]) -> np.ndarray | int:
+    """The cells as float64, or the index of the first cell that is not a number."""
+    try:
+        return np.fromiter(map(float, cells), dtype=np.float64, count=len(cells))
+    except ValueError:
+        return next(k for k, cell in enumerate(cells) if not _is_number(cell))
+
+
+def _from_table(text: str, name: str, column: str | None) -> np.ndarray:
+    if _delimiter(text) is None and _TWO_FIELDS.search(text) is None:
+        # One field per line, the common single-column file: read it without building
+        # rows. Only a clean read returns here; anything to report goes through the
+        # row-by-row reader below, which is the reference (tests compare the two).
+        tokens = text.split()
+        has_header = not _is_number(tokens[0])
+        data = tokens[1:] if has_header else tokens
+        if data and (column is None or (has_header and column == tokens[0])):
+            values = _parse_floats(data)
+            if isinstance(values, np.ndarray):
+                return values
+    return _from_table_rows(text, name, column)
+
+
+def _from_table_rows(text: str, name: str, column: str | None) -> np.ndarray:
+    delimiter = _delimiter(text)
+    rows = _table_rows(text, name, delimiter)
+    if not rows:
+        raise SeraOptError(f"{name} holds only empty fields; give one success probability per "
+                           f"prompt.")
+    # A first row without a single number is a header; one with numbers is data, so a
+    # mistyped value is reported instead of being taken for a column name.
+    first = [c.strip() for c in rows[0]]
+    header = None if any(_is_number(c) for c in first) else first
+    skip = 0 if header is None else 1  # rows before the data
+    data = rows[skip:]
+    columns = None if header is None else ", ".join(repr(c) for c in header[:20]) + (
+        ", ..." if len(header) > 20 else "")
+    if not data:
+        raise SeraOptError(f"{name} has a header row ({columns}) but no rows of probabilities.")
+
+    def line(k):  # line number of data row k
+        return _line_number(text, delimiter, skip + k)
+
+    width = len(rows[0])
+    if len(set(map(len, data))) > 1 or len(data[0]) != width:
+        k = next(k for k, cells in enumerate(data) if len(cells) != width)
+        reference = "the header" if header is not None else f"line {line(0)}"
+        raise SeraOptError(
+            f"{name}: line {line(k)} has {len(data[k])} field(s) but {reference} has {width}; "
+            f"every row needs the same columns."
+        )
+    if header is None:
+        if column is not None:
+            raise SeraOptError(
+                f"{name} has no header row, so it has no column named {column!r}; add a header "
+                f"row naming the columns, or drop --column."
+            )
+        if len(data) == 1:  # all the probabilities on one line
+            cells = data[0]
+
+            def place(k):
+                return f"line {line(0)}, field {k + 1}"
+        elif width == 1:
+            cells = [cells[0] for cells in data]
+
+            def place(k):
+                return f"line {line(k)}"
+        else:
+            raise SeraOptError(
+                f"{name} is a table of {len(data)} rows and {width} columns with no header row, "
+                f"so it does not say which column holds the probabilities; add a header row and "
+                f"pass --column NAME, or give one probability per line."
+            )
+    else:
+        if column is None:
+            if width > 1:
+                raise SeraOptError(
+                    f"{name} has {width} columns ({columns}); choose the one that holds the "
+                    f"probabilities with --column NAME."
+                )
+            index = 0
+        elif column not in header:
+            raise SeraOptError(f"{name} has no column {column!r}; its columns are {columns}.")
+        elif header.count(column) > 1:
+            raise SeraOptError(f"{name} has {header.count(column)} columns named {column!r}; "
+                               f"rename them so that the one to read is unique.")
+        else:
+            index = header.index(column)
+        cells = list(map(operator.itemgetter(index), data))
+
+        def place(k):
+            return f"line {line(k)}, column {header[index]!r}"
+    values = _parse_floats(cells)
+    if not isinstance(values, np.ndarray):
+        cell = cells[values].strip()
+        what = "is empty" if not cell else f"holds {cell!r}, which is not a number"
+        raise SeraOptError(f"{name}: {place(values)} {what}; every prompt needs a success "
+                           f"probability.")
+    return values
+
+
+# ----------------------------------------------------------------------------- options
+
+
+def _whole_number(text: str) -> int:
+    """Parse a command-line count exactly: ``24``, ``1_000``, ``1e6`` and ``24.0`` are whole."""
+    try:
+        value = Decimal(text.strip())
+    except InvalidOperation:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number; give a whole number such as 24."
+        ) from None
+    if not value.is_finite():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number; give a whole number.")
+    if value != value.to_integral_value():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a whole number; rollouts are counted in whole numbers."
+        )
+    if value and value.adjusted() >= MAX_DIGITS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} has more than {MAX_DIGITS} digits; no count that large can be allocated."
+        )
+    return int(value)
+
+
+def _option_value(key: str, text: str):
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        pass
+    word = text.strip().lower()
+    if word in ("inf", "+inf", "infinity", "-inf", "-infinity", "nan"):
+        return float(word)
+    if word in ("true", "false", "none", "null"):
+        raise SeraOptError(f"--option {key}={text}: write True, False or None (capitalized, "
+                           f"as in Python).")
+    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.\-]*", text):
+        return text  # a bare name, such as a solver's, needs no quotes
     raise SeraOptError(
-        f"cannot read {source!r}: use a .csv, .json or .npy file, or '-' for stdin."
+        f"--option {key}={text}: the value is not a Python literal; write a number, True, "
+        f"False, None, a quoted string or a list such as [1, 2]."
     )
 
 
-def _from_json(obj) -> np.ndarray:
-    if isinstance(obj, dict):
-        if "success_probs" not in obj:
-            raise SeraOptError(
-                "a JSON object must hold the probabilities under the key 'success_probs'."
-            )
-        obj = obj["success_probs"]
-    if not isinstance(obj, list):
-        raise SeraOptError("JSON input must be a list of probabilities.")
-    return np.asarray(obj, dtype=np.float64)
+def _parse_options(items: list[str]) -> dict:
+    options: dict = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier():
+            raise SeraOptError(f"--option takes KEY=VALUE (for example alpha=2), got {item!r}.")
+        if key in _OPTION_FLAGS:
+            raise SeraOptError(f"set {key} with {_OPTION_FLAGS[key]}, not with --option.")
+        if key in options:
+            raise SeraOptError(f"--option {key} is given twice; keep one.")
+        options[key] = _option_value(key, text)
+    return options
 
 
-def _from_csv(text: str, column: str | None) -> np.ndarray:
-    rows = [line for line in text.replace("\t", ",").splitlines() if line.strip()]
-    if not rows:
-        raise SeraOptError("the input holds no success probabilities.")
-    if all(len(r.split(",")) == 1 for r in rows) and len(rows) == 1:
-        rows = rows[0].split()  # whitespace-separated on one line
-    split = [[c.strip() for c in r.split(",")] for r in rows]
-    header = None
+def _policy_parameters(cls) -> str:
+    """The keyword options of a policy's constructor, for an error's hint."""
     try:
-        float(split[0][0])
-    except ValueError:
-        header, split = split[0], split[1:]
-    idx = 0
-    if column is not None:
-        if header is None or column not in header:
-            raise SeraOptError(f"column {column!r} not found; the header is {header}.")
-        idx = header.index(column)
+        params = inspect.signature(cls).parameters.values()
+    except (TypeError, ValueError):
+        return ""
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return ""  # it takes more than it names
+    names = [p.name for p in params
+             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in _OPTION_FLAGS]
+    return f" Its options: {', '.join(names) or 'none'} (and --min, --max, --offset)."
+
+
+def _build_policy(args):
+    options = _parse_options(args.option)
+    name = "sera" if args.policy is None else args.policy
+    cls = POLICIES.lookup(name)  # an unknown name lists the known ones
+    kwargs = {**options, "offset": args.offset}
+    if args.min is not None:
+        kwargs["min_rollouts"] = args.min
+    if args.max is not None:
+        kwargs["max_rollouts"] = args.max
+    if args.solver is not None:
+        if not issubclass(cls, SERAPolicy):
+            raise SeraOptError(f"--solver chooses SERA's solver; policy {name!r} has none, so "
+                               f"drop --solver (or use --policy sera).")
+        kwargs["solver"] = args.solver
     try:
-        return np.asarray([float(r[idx]) for r in split], dtype=np.float64)
-    except (ValueError, IndexError) as exc:
-        raise SeraOptError(f"could not parse the success probabilities: {exc}") from exc
+        return get_policy(name, **kwargs)
+    except SeraOptError:
+        raise
+    except (TypeError, ValueError) as exc:
+        given = ", ".join(f"{k}={v!r}" for k, v in options.items()) or "no options"
+        raise SeraOptError(f"policy {name!r} rejected {given}: {exc}."
+                           f"{_policy_parameters(cls)}") from None
 
 
-def _summary(alloc, uniform) -> dict:
+# ----------------------------------------------------------------------------- allocate
+
+
+def _check_destination(destination: str | None) -> None:
+    """Refuse an output path that cannot be written before any work is done."""
+    if destination in (None, "-"):
+        return
+    path = Path(destination)
+    if path.is_dir():
+        raise SeraOptError(f"-o {destination!r} is a folder; give a file name in it, e.g. "
+                           f"{str(path / 'counts.csv')!r}.")
+    folder = path.parent
+    if not folder.is_dir():
+        if folder.exists():
+            raise SeraOptError(f"cannot write {destination!r}: {str(folder)!r} is a file, not "
+                               f"a folder.")
+        raise SeraOptError(f"cannot write {destination!r}: the folder {str(folder)!r} does not "
+                           f"exist; create it first (mkdir -p {shlex.quote(str(folder))}).")
+    target = path if path.exists() else folder
+    if not os.access(target, os.W_OK):
+        raise SeraOptError(f"cannot write {destination!r}: permission denied on "
+                           f"{str(target)!r}; choose another place for the output.")
+
+
+def _write_output(text: str, destination: str | None) -> None:
+    if destination in (None, "-"):
+        sys.stdout.write(text)
+        sys.stdout.flush()  # a closed pipe is reported here, not at interpreter exit
+        return
+    try:
+        with open(destination, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as exc:
+        raise SeraOptError(
+            f"cannot write the counts to {destination!r}: {exc.strerror or exc}."
+        ) from None
+
+
+def _summary(policy, problem, alloc, uniform) -> dict:
+    capped = policy.max_rollouts is not None or getattr(policy, "max_ratio", None) is not None
     return {
         "prompts": alloc.num_prompts,
         "budget": alloc.budget,
+        "policy": policy.name,
         "solver": alloc.solver,
+        "min_rollouts": int(problem.min_rollouts.min()),
+        "max_rollouts": int(problem.max_rollouts.max()) if capped else None,
         "min_factor": alloc.min_factor,
         "factor_spread": alloc.factor_spread,
         "uniform_min_factor": uniform.min_factor,
@@ -104,32 +566,38 @@ def _summary(alloc, uniform) -> dict:
 
 
 def _cmd_allocate(args) -> int:
-    probs = read_success_probs(args.input, column=args.column)
     if (args.budget is None) == (args.per_prompt is None):
         raise SeraOptError("give exactly one of --budget and --per-prompt.")
+    policy = _build_policy(args)
+    _check_destination(args.output)
+    probs = read_success_probs(args.input, column=args.column)
     budget = args.budget if args.budget is not None else args.per_prompt * len(probs)
-    opts = dict(min_rollouts=args.min, max_rollouts=args.max, offset=args.offset)
-    alloc = allocate(probs, budget, solver=args.solver, **opts)
+    with warnings.catch_warnings():
+        # An option that the policy or its solver ignores was typed for a reason.
+        warnings.simplefilter("error", SeraOptWarning)
+        problem = policy.problem(probs, budget)
+        alloc = policy.allocate(probs, budget)
+    # Uniform allocation on the same bounds, for the comparison in the summary.
     uniform = UniformPolicy(offset=args.offset).allocate(
-        probs, budget, min_rollouts=args.min, max_rollouts=args.max)
-    out = io.StringIO()
+        probs, budget, min_rollouts=problem.min_rollouts, max_rollouts=problem.max_rollouts)
+    summary = _summary(policy, problem, alloc, uniform)
     if args.format == "json":
-        json.dump({"counts": alloc.counts.tolist(), "summary": _summary(alloc, uniform)}, out)
-        out.write("\n")
+        text = json.dumps({"counts": alloc.counts.tolist(), "summary": summary}) + "\n"
     else:
-        out.write("count\n")
-        out.writelines(f"{int(c)}\n" for c in alloc.counts)
-    if args.output in (None, "-"):
-        sys.stdout.write(out.getvalue())
-    else:
-        Path(args.output).write_text(out.getvalue())
+        text = "count\n" + "".join(f"{int(c)}\n" for c in alloc.counts)
+    _write_output(text, args.output)
     if not args.quiet:
-        s = _summary(alloc, uniform)
+        s = summary
+        what = f"policy {s['policy']}" + (
+            f" (solver {s['solver']})" if s["solver"] != s["policy"] else "")
+        bounds = (f"at least {s['min_rollouts']} rollouts per prompt, no cap"
+                  if s["max_rollouts"] is None
+                  else f"{s['min_rollouts']} to {s['max_rollouts']} rollouts per prompt")
         print(
-            f"{s['prompts']} prompts, budget {s['budget']}, solver {s['solver']}: "
-            f"min factor {s['min_factor']:.4f}, spread {s['factor_spread']:.4f} "
-            f"(uniform: min {s['uniform_min_factor']:.4f}, spread "
-            f"{s['uniform_factor_spread']:.4f})",
+            f"{s['prompts']} prompts, budget {s['budget']}, {what}, {bounds}: "
+            f"min factor {s['min_factor']:.4f}, "
+            f"spread {s['factor_spread']:.4f} (uniform: min {s['uniform_min_factor']:.4f}, "
+            f"spread {s['uniform_factor_spread']:.4f})",
             file=sys.stderr,
         )
     return 0
@@ -145,26 +613,58 @@ def _cmd_demo(args, rest) -> int:
     return int(module.demo(rest) or 0)
 
 
+# ----------------------------------------------------------------------------- main
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line on stderr, exit status 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message.rstrip('.')}; see `{self.prog} --help`.\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    """The ``sera-opt`` argument parser (its errors are one line, exit status 2)."""
+    parser = _Parser(
         prog="sera-opt",
         description="Scale-Equalized Rollout Allocation for Maximum Likelihood RL.",
+        epilog="Exit status: 0 done, 2 bad command line or input, 1 unexpected failure.",
     )
+    parser.add_argument("--traceback", action="store_true",
+                        help="on an unexpected failure, print the Python traceback")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("allocate", help="allocate a rollout budget over prompts")
+    p = sub.add_parser(
+        "allocate", help="allocate a rollout budget over prompts",
+        description="Allocate a rollout budget over prompts. Counts go to stdout (or -o), "
+                    "a one-line summary against uniform allocation to stderr.")
     p.add_argument("input", nargs="?", default="-",
-                   help="success probabilities: a .csv, .json or .npy file, or '-' for stdin")
-    p.add_argument("--column", help="CSV column holding the probabilities")
-    p.add_argument("--budget", type=int, help="total rollouts")
-    p.add_argument("--per-prompt", type=int, help="average rollouts per prompt (budget = M * this)")
-    p.add_argument("--min", type=int, default=None,
-                   help="minimum rollouts per prompt (default: 1 + offset)")
-    p.add_argument("--max", type=int, default=None, help="maximum rollouts per prompt (default: no cap)")
+                   help="success probabilities: a CSV/text table (one number per line, all on "
+                        "one line, or a column under a header), JSON (a list, or an object with "
+                        "'success_probs') or a .npy array; '-' (default) reads stdin")
+    p.add_argument("--column", help="header name of the CSV column holding the probabilities "
+                                    "(needed when the table has several columns)")
+    counts = "a whole number (1e6 and 24.0 are read exactly)"
+    p.add_argument("--budget", type=_whole_number, help=f"total rollouts, {counts}")
+    p.add_argument("--per-prompt", type=_whole_number,
+                   help="average rollouts per prompt (budget = M * this)")
+    p.add_argument("--min", type=_whole_number, default=None,
+                   help="minimum rollouts per prompt (default: the policy's, 1 + offset for SERA)")
+    p.add_argument("--max", type=_whole_number, default=None,
+                   help="maximum rollouts per prompt (default: the policy's cap; for SERA "
+                        "max_ratio times the mean count, --option max_ratio=None for none)")
     p.add_argument("--offset", type=int, choices=(0, 1), default=0,
                    help="0: success-average estimator, 1: mean-centred (default: 0)")
-    p.add_argument("--solver", default="waterline",
-                   help=f"solver name (available: {', '.join(available_solvers())})")
+    p.add_argument("--policy", default=None,
+                   help=f"allocation policy, one of {', '.join(available_policies())} "
+                        f"(default: sera); what is not given here keeps the policy's defaults")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="an option of the policy, repeatable; VALUE is a Python literal "
+                        "(2, 1e-3, None, [1, 2], 'text'; inf and bare names need no quotes), "
+                        "e.g. --policy sera-bayes --option prior_strength=16")
+    p.add_argument("--solver", default=None,
+                   help=f"SERA's solver (default waterline; available: "
+                        f"{', '.join(available_solvers())})")
     p.add_argument("--format", choices=("csv", "json"), default="csv", help="output format")
     p.add_argument("--output", "-o", help="write the counts here instead of stdout")
     p.add_argument("--quiet", "-q", action="store_true", help="no summary on stderr")
@@ -178,22 +678,77 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line(message) -> str:
+    return " ".join(part.strip() for part in str(message).splitlines() if part.strip())
+
+
+def _report_unexpected(exc: BaseException) -> None:
+    try:
+        fd, path = tempfile.mkstemp(prefix="sera-opt-traceback-", suffix=".txt")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(traceback.format_exc())
+        where = f"the traceback is in {path}"
+    except OSError:
+        where = "rerun as `sera-opt --traceback ...` to see the traceback"
+    print(f"sera-opt: unexpected error: {type(exc).__name__}: {_one_line(exc)} ({where}; "
+          f"this is a bug in sera_opt, please report it with the command that caused it)",
+          file=sys.stderr)
+
+
+def _exit_status(exc: SystemExit) -> int:
+    """The status ``sys.exit`` would give: a message is printed and means 1, as in Python."""
+    if exc.code is None or isinstance(exc.code, int):
+        return int(exc.code or 0)
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
 def main(argv=None) -> int:
+    """Run ``sera-opt`` with ``argv`` (default ``sys.argv[1:]``); return the exit status."""
     parser = build_parser()
-    args, rest = parser.parse_known_args(argv)
+    try:
+        args, rest = parser.parse_known_args(argv)
+    except SystemExit as exc:  # --help, or a one-line usage error already printed
+        return _exit_status(exc)
     try:
         if args.command == "allocate":
             if rest:
                 parser.error(f"unrecognized arguments: {' '.join(rest)}")
-            if args.min is None:
-                args.min = 1 + args.offset
             return _cmd_allocate(args)
         if args.command == "bench":
             return _cmd_bench(args, rest)
         return _cmd_demo(args, rest)
-    except SeraOptError as exc:
-        print(f"sera-opt: error: {exc}", file=sys.stderr)
+    except SystemExit as exc:  # an argument error, or a benchmark's own parser
+        return _exit_status(exc)
+    except (SeraOptError, SeraOptWarning) as exc:
+        print(f"sera-opt: error: {_one_line(exc)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("sera-opt: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # The reader of stdout went away (`sera-opt allocate ... | head`): stop quietly,
+        # and point stdout at /dev/null so that Python's final flush does not complain.
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+            pass
+        return 1
+    except ModuleNotFoundError as exc:
+        if args.traceback:
+            raise
+        if (exc.name or "sera_opt").partition(".")[0] == "sera_opt":
+            _report_unexpected(exc)  # a module of sera_opt itself is missing: a broken install
+            return 1
+        print(f"sera-opt: error: this command needs a module that is not installed: "
+              f"{_one_line(exc)}; install it (the benchmarks and the demo need the [bench] "
+              f"extras: pip install \".[bench]\").", file=sys.stderr)
+        return 1
+    except Exception as exc:
+        if args.traceback:
+            raise
+        _report_unexpected(exc)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover
