@@ -247,6 +247,14 @@ def _from_json(text: str, name: str) -> np.ndarray:
                 f"{name}: a JSON object must hold the probabilities under the key "
                 f"'success_probs'; its keys are {keys}."
             )
+        others = [k for k in obj if k != "success_probs"]
+        if others:
+            # A "budget" or "max_rollouts" here would otherwise be ignored without a word.
+            raise SeraOptError(
+                f"{name}: a JSON object may hold only 'success_probs'; it also has "
+                f"{', '.join(repr(k) for k in others[:10])}. Give the budget and the bounds as "
+                f"options (--budget, --min, --max), or pass the list alone."
+            )
         obj, where = obj["success_probs"], "the 'success_probs' list"
     if not isinstance(obj, list):
         raise SeraOptError(
@@ -385,7 +393,8 @@ def _from_table_rows(text: str, name: str, column: str | None) -> np.ndarray:
             raise SeraOptError(
                 f"{name} is a table of {len(data)} rows and {width} columns with no header row, "
                 f"so it does not say which column holds the probabilities; add a header row and "
-                f"pass --column NAME, or give one probability per line."
+                f"pass --column NAME, or give one probability per line"
+                f"{' (decimal commas: write 0.5, not 0,5)' if delimiter == ',' else ''}."
             )
     else:
         if column is None:
@@ -566,6 +575,9 @@ def _summary(policy, problem, alloc, uniform) -> dict:
 
 
 def _cmd_allocate(args) -> int:
+    # Defaults are filled in here, not by argparse, so that _Once can tell a repeat.
+    args.offset = 0 if args.offset is None else args.offset
+    args.format = "csv" if args.format is None else args.format
     if (args.budget is None) == (args.per_prompt is None):
         raise SeraOptError("give exactly one of --budget and --per-prompt.")
     policy = _build_policy(args)
@@ -623,6 +635,16 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message.rstrip('.')}; see `{self.prog} --help`.\n")
 
 
+class _Once(argparse.Action):
+    """Store a value, refusing a second one: argparse would keep the last silently."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if getattr(namespace, self.dest, None) is not None:
+            parser.error(f"{option_string} is given twice ({getattr(namespace, self.dest)!r} "
+                         f"and {values!r}); keep one")
+        setattr(namespace, self.dest, values)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``sera-opt`` argument parser (its errors are one line, exit status 2)."""
     parser = _Parser(
@@ -642,31 +664,34 @@ def build_parser() -> argparse.ArgumentParser:
                    help="success probabilities: a CSV/text table (one number per line, all on "
                         "one line, or a column under a header), JSON (a list, or an object with "
                         "'success_probs') or a .npy array; '-' (default) reads stdin")
-    p.add_argument("--column", help="header name of the CSV column holding the probabilities "
-                                    "(needed when the table has several columns)")
+    p.add_argument("--column", action=_Once,
+                   help="header name of the CSV column holding the probabilities (needed when "
+                        "the table has several columns)")
     counts = "a whole number (1e6 and 24.0 are read exactly)"
-    p.add_argument("--budget", type=_whole_number, help=f"total rollouts, {counts}")
-    p.add_argument("--per-prompt", type=_whole_number,
+    p.add_argument("--budget", action=_Once, type=_whole_number, help=f"total rollouts, {counts}")
+    p.add_argument("--per-prompt", action=_Once, type=_whole_number,
                    help="average rollouts per prompt (budget = M * this)")
-    p.add_argument("--min", type=_whole_number, default=None,
+    p.add_argument("--min", action=_Once, type=_whole_number, default=None,
                    help="minimum rollouts per prompt (default: the policy's, 1 + offset for SERA)")
-    p.add_argument("--max", type=_whole_number, default=None,
+    p.add_argument("--max", action=_Once, type=_whole_number, default=None,
                    help="maximum rollouts per prompt (default: the policy's cap; for SERA "
                         "max_ratio times the mean count, --option max_ratio=None for none)")
-    p.add_argument("--offset", type=int, choices=(0, 1), default=0,
-                   help="0: success-average estimator, 1: mean-centred (default: 0)")
-    p.add_argument("--policy", default=None,
+    p.add_argument("--offset", action=_Once, type=int, choices=(0, 1),
+                   help="0: success-average estimator (default), 1: mean-centred")
+    p.add_argument("--policy", action=_Once, default=None,
                    help=f"allocation policy, one of {', '.join(available_policies())} "
                         f"(default: sera); what is not given here keeps the policy's defaults")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="an option of the policy, repeatable; VALUE is a Python literal "
                         "(2, 1e-3, None, [1, 2], 'text'; inf and bare names need no quotes), "
                         "e.g. --policy sera-bayes --option prior_strength=16")
-    p.add_argument("--solver", default=None,
+    p.add_argument("--solver", action=_Once, default=None,
                    help=f"SERA's solver (default waterline; available: "
                         f"{', '.join(available_solvers())})")
-    p.add_argument("--format", choices=("csv", "json"), default="csv", help="output format")
-    p.add_argument("--output", "-o", help="write the counts here instead of stdout")
+    p.add_argument("--format", action=_Once, choices=("csv", "json"),
+                   help="output format (default: csv)")
+    p.add_argument("--output", "-o", action=_Once,
+                   help="write the counts here instead of stdout")
     p.add_argument("--quiet", "-q", action="store_true", help="no summary on stderr")
 
     b = sub.add_parser("bench", help="run a benchmark; `sera-opt bench NAME --help` for its options",

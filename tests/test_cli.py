@@ -169,6 +169,17 @@ def test_command_line_errors_are_one_line(args, match, capsys, monkeypatch):
     assert out == ""
 
 
+@pytest.mark.parametrize("args", [["--budget", "12", "--budget", "24"], ["--max", "8", "--max", "16"],
+                                  ["--budget", "12", "--offset", "0", "--offset", "1"],
+                                  ["--budget", "12", "-o", "a.csv", "--output", "b.csv"],
+                                  ["--budget", "12", "--format", "csv", "--format", "json"]])
+def test_an_option_given_twice_is_refused_not_overridden(args, capsys, monkeypatch):
+    code, out, err = run(["allocate", "-", *args], capsys, stdin=json.dumps(P),
+                         monkeypatch=monkeypatch)
+    assert_one_line_error(code, err, "is given twice")
+    assert out == ""
+
+
 @pytest.mark.parametrize("argv", [[], ["alocate"], ["bench", "nope"]])
 def test_subcommand_errors_are_one_line(argv, capsys):
     code, _, err = run(argv, capsys)
@@ -279,6 +290,7 @@ def test_malformed_json(tmp_path, capsys):
         ('[0.5, {"p": 1}]', "entry 1 of the list is an object"),
         ('{"success_probs": [0.5, false]}', "entry 1 of the 'success_probs' list"),
         ('{"p": [0.5]}', "its keys are 'p'"),
+        ('{"success_probs": [0.5], "budget": 24}', "also has 'budget'"),
         ('"0.5"', "must be a list"),
         ("0.5", "must be a list"),
         ("[1e400, 0.5]", "non-finite"),
@@ -322,6 +334,7 @@ def test_several_columns_need_column(tmp_path, capsys):
         ("id,p\na,0.1,7\n", "p", "line 2 has 3 field(s)"),
         ("0.1 0.2\n0.3 0.4\n", None, "no header row"),
         ("0.1,0.2\n0.3,0.4\n", None, "no header row"),
+        ("0,5\n0,25\n", None, "decimal commas"),
         ("0.5\n0.25\n", "p", "has no header row, so it has no column named 'p'"),
         ("id,p\na,0.1\n", "q", "has no column 'q'; its columns are 'id', 'p'"),
         ("p,p\n0.1,0.2\n", "p", "2 columns named 'p'"),
@@ -409,7 +422,7 @@ def test_every_layout_reads_back_exactly(probs, layout, tmp_path_factory):
             "comma": ",".join(map(repr, probs)),
             "spaces": " ".join(map(repr, probs)),
             "json": json.dumps(probs),
-            "object": json.dumps({"success_probs": probs, "note": "x"}),
+            "object": json.dumps({"success_probs": probs}),
             "table": "id,p\n" + "\n".join(f"{i},{p!r}" for i, p in enumerate(probs)),
         }[layout]
         path = folder / "p.txt"
