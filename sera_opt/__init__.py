@@ -20,16 +20,21 @@ from .exceptions import (
     SolverError,
 )
 from .policies import (
+    DEFAULT_MAX_RATIO,
     AllocationPolicy,
+    SeparablePolicy,
+    SERAFairPolicy,
     SERAPolicy,
     UniformPolicy,
     available_policies,
     get_policy,
+    policy_from_config,
     register_policy,
 )
-from .problem import AllocationProblem, attenuation
+from .problem import MAX_BUDGET, AllocationProblem, attenuation
 from .result import Allocation
 from .solvers import Solver, available_solvers, get_solver, register_solver
+from .solvers.separable import SeparableObjective, solve_separable
 
 # --- tracking and planning (numpy only) ---
 from .planner import RolloutPlanner

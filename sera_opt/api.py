@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
-from .problem import AllocationProblem
+from .policies.base import DEFAULT_MAX_RATIO
+from .policies.core import SERAPolicy
 from .result import Allocation
-from .solvers.base import get_solver
 
 __all__ = ["allocate", "waterline"]
 
 
-def allocate(success_probs, budget, *, min_rollouts=1, max_rollouts=None, offset=0,
-             solver="waterline", **solver_options) -> Allocation:
+def allocate(success_probs, budget, *, min_rollouts=None, max_rollouts=None, offset=0,
+             max_ratio=DEFAULT_MAX_RATIO, solver="waterline", **solver_options: Any
+             ) -> Allocation:
     """Allocate ``budget`` rollouts so that the attenuation factors are as equal as possible.
 
     Solves SERA's problem (THEORY.md section 3)::
@@ -20,19 +23,26 @@ def allocate(success_probs, budget, *, min_rollouts=1, max_rollouts=None, offset
         lexicographically maximize  sort_i( w_c(p_i, n_i) ),  w_c(p, n) = 1 - (1 - p) ** (n - c)
         subject to  sum_i n_i = budget,  min_rollouts <= n_i <= max_rollouts,  n_i integer.
 
+    This is ``sera_opt.get_policy("sera", ...).allocate(...)`` with the same defaults.
+
     Parameters
     ----------
     success_probs : array_like, shape (M,)
         Estimated success probability of each prompt, in [0, 1]. Prefer
         posterior means (:class:`sera_opt.SuccessTracker`) to raw rates: a raw 0
-        pins the prompt at ``max_rollouts``.
+        pins the prompt at its maximum.
     budget : int
         Total rollouts; the counts sum to it exactly.
-    min_rollouts, max_rollouts : int or array_like of int
-        Per-prompt bounds; ``max_rollouts=None`` means no per-prompt cap.
+    min_rollouts : int or array_like of int, optional
+        Per-prompt minimum; default ``1 + offset``.
+    max_rollouts : int or array_like of int, optional
+        Per-prompt maximum; default ``ceil(max_ratio * budget / M)``.
     offset : {0, 1}
         0 for the success-average estimator, 1 for the mean-centred one (then
         ``min_rollouts`` must be at least 2).
+    max_ratio : float or None, default 4
+        The default cap as a multiple of the average count (see
+        :data:`sera_opt.DEFAULT_MAX_RATIO` for why); ``None`` for no cap.
     solver : str, Solver or callable
         ``"waterline"`` (default, exact and fast), ``"milp"`` (exact, cvxpy),
         ``"greedy"`` (exact, pure Python), a registered name, or your own.
@@ -43,7 +53,8 @@ def allocate(success_probs, budget, *, min_rollouts=1, max_rollouts=None, offset
     -------
     Allocation
         ``.counts`` (int64, sums to ``budget``), ``.factors``, ``.min_factor``,
-        ``.continuous`` (the waterline, where computed), ``.solver`` and more.
+        ``.continuous`` (the relaxation's counts, where computed), ``.waterline``
+        (its level), ``.solver`` and more.
 
     Raises
     ------
@@ -58,18 +69,21 @@ def allocate(success_probs, budget, *, min_rollouts=1, max_rollouts=None, offset
     >>> alloc.counts.tolist()
     [2, 6, 16]
     """
-    problem = AllocationProblem(success_probs, budget, min_rollouts=min_rollouts,
-                                max_rollouts=max_rollouts, offset=offset)
-    return get_solver(solver).solve(problem, **solver_options)
+    policy = SERAPolicy(solver, min_rollouts=min_rollouts, max_rollouts=max_rollouts,
+                        offset=offset, max_ratio=max_ratio)
+    # Checked here, so that a warning about an ignored option points at the caller.
+    policy.solver_options = policy.solver.check_options(solver_options, stacklevel=2)
+    return policy.allocate(success_probs, budget)
 
 
-def waterline(success_probs, budget, *, min_rollouts=1, max_rollouts=None, offset=0,
-              return_level: bool = False):
+def waterline(success_probs, budget, *, min_rollouts=None, max_rollouts=None, offset=0,
+              max_ratio=DEFAULT_MAX_RATIO, return_level: bool = False):
     """The continuous relaxation of SERA: ``n_i = clip(c + L* / a_i, lo_i, hi_i)``.
 
     ``a_i = -log(1 - p_i)`` and the waterline level ``L*`` solves
     ``sum_i n_i = budget``. Found exactly, by locating the linear piece of
-    ``sum_i n_i(L)`` that contains the root.
+    ``sum_i n_i(L)`` that contains the root. Bounds and defaults as in
+    :func:`allocate`.
 
     Returns
     -------
@@ -80,8 +94,8 @@ def waterline(success_probs, budget, *, min_rollouts=1, max_rollouts=None, offse
     """
     from .solvers.waterline import continuous_waterline
 
-    problem = AllocationProblem(success_probs, budget, min_rollouts=min_rollouts,
-                                max_rollouts=max_rollouts, offset=offset)
-    counts, level = continuous_waterline(problem)
+    policy = SERAPolicy(min_rollouts=min_rollouts, max_rollouts=max_rollouts, offset=offset,
+                        max_ratio=max_ratio)
+    counts, level = continuous_waterline(policy.problem(success_probs, budget))
     counts = np.asarray(counts, dtype=np.float64)
     return (counts, level) if return_level else counts

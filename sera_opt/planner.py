@@ -10,35 +10,37 @@
 
 from __future__ import annotations
 
-import inspect
+from collections.abc import Mapping
 from typing import Any
 
 from .exceptions import SeraOptError
-from .policies import AllocationPolicy, get_policy
+from .policies import AllocationPolicy, get_policy, policy_from_config
 from .result import Allocation
 from .tracking import SuccessTracker
 
-__all__ = ["RolloutPlanner"]
+__all__ = ["RolloutPlanner", "DEFAULT_POLICY"]
 
-_FORMAT = "sera_opt.RolloutPlanner/1"
+_FORMAT = "sera_opt.RolloutPlanner/2"
+# Written before policies had a public configuration: policy name and options apart.
+_FORMAT_V1 = "sera_opt.RolloutPlanner/1"
 
-
-def _keywords(func) -> set[str]:
-    return set(inspect.signature(func).parameters)
+#: The allocation policy a planner uses when none is named.
+DEFAULT_POLICY = "sera"
 
 
 class RolloutPlanner:
     """A success tracker and an allocation policy behind two calls.
 
     :meth:`plan` turns the next batch's prompt ids and a rollout budget into
-    counts: the tracker's posterior-mean estimates go to the policy (policies
-    that allocate under uncertainty, such as ``"sera-bayes"`` and ``"hora"``,
-    also receive the Beta posteriors). :meth:`observe` feeds the rewards of
-    the rollouts back into the tracker.
+    counts: the tracker's posterior-mean estimates go to the policy, and a
+    policy that declares ``"posterior"`` among its
+    :attr:`~sera_opt.AllocationPolicy.extra_inputs` (``"sera-bayes"``, ``"hora"``)
+    also receives the Beta posteriors. :meth:`observe` feeds the rewards of the
+    rollouts back into the tracker.
 
     Parameters
     ----------
-    policy : str or AllocationPolicy, default "sera"
+    policy : str or AllocationPolicy, default :data:`DEFAULT_POLICY`
         A registered policy name (see :func:`sera_opt.available_policies`) or
         an instance.
     tracker : SuccessTracker, optional
@@ -48,7 +50,7 @@ class RolloutPlanner:
         ``offset=1``).
     """
 
-    def __init__(self, policy="sera", tracker: SuccessTracker | None = None,
+    def __init__(self, policy=DEFAULT_POLICY, tracker: SuccessTracker | None = None,
                  **policy_options: Any):
         self.policy: AllocationPolicy = get_policy(policy, **policy_options)
         if tracker is None:
@@ -62,7 +64,7 @@ class RolloutPlanner:
     @property
     def uses_posterior(self) -> bool:
         """Whether the policy receives the tracker's Beta posteriors."""
-        return bool(getattr(self.policy, "accepts_posterior", False))
+        return "posterior" in self.policy.extra_inputs
 
     def plan(self, prompt_ids, budget, *, min_rollouts=None, max_rollouts=None,
              **allocate_options: Any) -> Allocation:
@@ -77,8 +79,7 @@ class RolloutPlanner:
         min_rollouts, max_rollouts : int or array_like, optional
             Override the policy's bounds for this batch.
         **allocate_options
-            Extra keywords for the policy's ``allocate`` (e.g. GVM's
-            ``gradient_norms``).
+            The policy's other extra inputs (e.g. GVM's ``gradient_norms``).
 
         Returns
         -------
@@ -90,18 +91,11 @@ class RolloutPlanner:
                 raise SeraOptError(
                     "the planner passes the tracker's posterior itself; do not pass posterior=."
                 )
-            alpha, beta = self.tracker.posterior(prompt_ids)
-            allocate_options["posterior"] = (alpha, beta)
+            allocate_options["posterior"] = self.tracker.posterior(prompt_ids)
             success_probs = None
         else:
             success_probs = self.tracker.estimate(prompt_ids)
-        accepted = _keywords(self.policy.allocate)
-        unknown = sorted(set(allocate_options) - accepted)
-        if unknown:
-            raise SeraOptError(
-                f"policy {self.policy.name!r} does not take {', '.join(map(repr, unknown))}; "
-                f"its allocate() takes {sorted(accepted - {'success_probs', 'budget'})}."
-            )
+        self.policy._check_inputs(allocate_options)
         return self.policy.allocate(success_probs, budget, min_rollouts=min_rollouts,
                                     max_rollouts=max_rollouts, **allocate_options)
 
@@ -111,29 +105,56 @@ class RolloutPlanner:
         return self
 
     def state_dict(self) -> dict[str, Any]:
-        """The tracker's state and the policy's name and options, for checkpoints."""
+        """The policy's configuration and the tracker's state, for checkpoints."""
         return {
             "format": _FORMAT,
-            "policy": self.policy.name,
-            "policy_options": self.policy._options(),
+            "policy": self.policy.config(),
             "tracker": self.tracker.state_dict(),
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> RolloutPlanner:
-        """Restore a :meth:`state_dict`: the tracker exactly, and the policy (rebuilt
-        from its registered name and options). Returns ``self``."""
-        if not isinstance(state, dict) or state.get("format") != _FORMAT:
+    def load_state_dict(self, state: Mapping[str, Any], **objects: Any) -> RolloutPlanner:
+        """Restore a :meth:`state_dict`, all or nothing: the tracker exactly, and the
+        policy rebuilt from its configuration. Returns ``self``.
+
+        A rejected state raises :class:`SeraOptError` and leaves the planner as it
+        was. Options the state can only name (a solver that is not registered) are
+        taken from the planner's current policy when it holds one of that name, or
+        from ``objects`` (``load_state_dict(state, solver=my_solver)``).
+        """
+        if not isinstance(state, Mapping) or state.get("format") not in (_FORMAT, _FORMAT_V1):
             raise SeraOptError(
                 f"not a RolloutPlanner state (expected format {_FORMAT!r}); pass the dict that "
                 f"RolloutPlanner.state_dict() returned."
             )
         try:
-            policy = get_policy(state["policy"], **dict(state["policy_options"]))
-        except KeyError as exc:
+            if state["format"] == _FORMAT_V1:
+                config = {"name": state["policy"], "options": dict(state["policy_options"])}
+            else:
+                config = state["policy"]
+            tracker_state = state["tracker"]
+        except (KeyError, TypeError) as exc:
             raise SeraOptError(f"malformed RolloutPlanner state: missing {exc}.") from None
-        self.tracker.load_state_dict(state["tracker"])
-        self.policy = policy
+        policy = policy_from_config(config, **self._current_objects(config, objects))
+        tracker = SuccessTracker.from_state_dict(tracker_state)
+        # Both built and checked: swap them in together.
+        self.policy, self.tracker = policy, tracker
         return self
+
+    def _current_objects(self, config, objects: dict[str, Any]) -> dict[str, Any]:
+        """``objects``, completed from the current policy for options the configuration
+        only names and that the current policy holds under the same name."""
+        out = dict(objects)
+        try:
+            options = dict(config.get("options", {}))
+        except (AttributeError, TypeError, ValueError):
+            return out
+        for key, value in options.items():
+            if key in out or not (isinstance(value, Mapping) and set(value) == {"object", "name"}):
+                continue
+            current = getattr(self.policy, key, None)
+            if getattr(current, "name", None) == value["name"]:
+                out[key] = current
+        return out
 
     def __repr__(self) -> str:
         return f"RolloutPlanner(policy={self.policy!r}, tracker={self.tracker!r})"

@@ -5,12 +5,19 @@ is ``p``, the MaxRL estimator's expectation is the prompt's likelihood gradient
 scaled by the attenuation factor ``w_c(p, n) = 1 - (1 - p) ** (n - c)``, where
 the offset ``c`` is 0 for the success-average estimator and 1 for the
 mean-centred one.
+
+Supported sizes: budgets and per-prompt bounds are whole numbers up to
+:data:`MAX_BUDGET` (``2**53``). The solvers compare counts with float64 levels,
+which hold every whole number exactly only up to there; larger inputs are
+refused with :class:`~sera_opt.SeraOptError`, never rounded.
 """
 
 from __future__ import annotations
 
+import numbers
 import operator
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -18,13 +25,19 @@ from .exceptions import InfeasibleBudgetError, SeraOptError
 
 __all__ = [
     "AllocationProblem",
+    "MAX_BUDGET",
     "attenuation",
     "success_rates",
     "validate_success_probs",
     "validate_offset",
+    "validate_count",
 ]
 
 OFFSETS = (0, 1)
+
+#: The largest budget (and per-prompt bound) sera_opt accepts: ``2**53``, the last
+#: point up to which float64 holds every whole number.
+MAX_BUDGET = 2**53
 
 
 def validate_offset(offset) -> int:
@@ -35,6 +48,35 @@ def validate_offset(offset) -> int:
             f"estimator), got {offset!r}."
         )
     return int(offset)
+
+
+def validate_count(value, name: str, *, minimum: int = 0) -> int:
+    """A whole number of rollouts as a Python ``int`` in ``[minimum, MAX_BUDGET]``.
+
+    Integral floats (``8.0``) are accepted; ``True``/``False``, fractions, strings,
+    NaN and values outside the supported range are refused with the fix.
+    """
+    if isinstance(value, (bool, np.bool_)):
+        raise SeraOptError(f"{name} must be a whole number of rollouts, got {value!r}.")
+    try:
+        number = operator.index(value)
+    except TypeError:
+        if isinstance(value, (float, np.floating)) and np.isfinite(value) \
+                and float(value).is_integer():
+            number = int(value)
+        else:
+            raise SeraOptError(
+                f"{name} must be a whole number of rollouts, got {value!r}."
+            ) from None
+    if number < minimum:
+        raise SeraOptError(f"{name} must be at least {minimum}, got {number}.")
+    if number > MAX_BUDGET:
+        raise SeraOptError(
+            f"{name}={number} is above the supported maximum 2**53 = {MAX_BUDGET}: the "
+            f"solvers compare counts with float64 levels, which hold whole numbers exactly "
+            f"only up to there."
+        )
+    return int(number)
 
 
 def _float_dtype(dtype: np.dtype) -> np.dtype:
@@ -71,6 +113,11 @@ def validate_success_probs(success_probs, *, name: str = "success_probs") -> np.
     if p.size == 0:
         raise SeraOptError(f"{name} is empty: a batch needs at least one prompt.")
     p = p.astype(_float_dtype(p.dtype), copy=False)
+    # Two reductions decide validity (NaN propagates through both); the slow
+    # diagnosis below runs only on bad input.
+    low, high = p.min(), p.max()
+    if low >= 0 and high <= 1:
+        return p
     bad = ~np.isfinite(p)
     if bad.any():
         raise SeraOptError(
@@ -79,25 +126,33 @@ def validate_success_probs(success_probs, *, name: str = "success_probs") -> np.
             f"sera_opt.SuccessTracker) before allocating."
         )
     out = (p < 0) | (p > 1)
-    if out.any():
-        i = int(np.flatnonzero(out)[0])
-        raise SeraOptError(
-            f"{name} must lie in [0, 1]; {int(out.sum())} value(s) do not, first "
-            f"{p[i]!r} at index {i}. sera_opt does not clip them: pass probabilities, "
-            f"not logits or counts."
-        )
-    return p
+    i = int(np.flatnonzero(out)[0])
+    raise SeraOptError(
+        f"{name} must lie in [0, 1]; {int(out.sum())} value(s) do not, first "
+        f"{p[i]!r} at index {i}. sera_opt does not clip them: pass probabilities, "
+        f"not logits or counts."
+    )
 
 
 def success_rates(success_probs) -> np.ndarray:
     """Return ``a = -log(1 - p)``, the rate at which a prompt's level grows per rollout.
 
-    ``p = 1`` gives ``inf`` and ``p = 0`` gives ``0``; computed with ``log1p``
-    so that small probabilities keep their precision.
+    ``p = 1`` gives ``inf`` and ``p = 0`` gives ``0``. Computed as
+    ``p log(w) / (w - 1)`` with ``w = fl(1 - p)`` (Goldberg's form of ``log1p``,
+    within an ulp of it, and ``p`` itself where ``w`` rounds to 1), which uses the
+    vectorized ``log`` rather than the scalar ``log1p``.
     """
     p = np.asarray(success_probs, dtype=np.float64)
-    with np.errstate(divide="ignore"):
-        return -np.log1p(-p)
+    w = np.subtract(1.0, p)
+    d = w - 1.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        np.log(w, out=w)
+        np.multiply(w, p, out=w)
+        np.divide(w, d, out=w, where=d != 0)
+    tiny = d == 0
+    if tiny.any():
+        w[tiny] = p[tiny]
+    return w if w.ndim else w[()]
 
 
 def attenuation(success_probs, counts, offset: int = 0):
@@ -156,7 +211,18 @@ def _attenuation(p: np.ndarray, n: np.ndarray, offset: int):
 
 
 def _as_bounds(value, name: str, m: int) -> np.ndarray:
-    arr = np.asarray(value)
+    if isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)):
+        # The common scalar case, without numpy's conversion rules (a Python int
+        # beyond int64 would raise a bare OverflowError there).
+        scalar = validate_count(value, name)
+        out = np.full(m, scalar, dtype=np.int64)
+        return out
+    try:
+        arr = np.asarray(value)
+    except (OverflowError, ValueError, TypeError) as exc:
+        raise SeraOptError(
+            f"{name} must be an integer or an array of integers up to 2**53, got {value!r}."
+        ) from exc
     if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.number):
         raise SeraOptError(f"{name} must be an integer or an array of integers, got {value!r}.")
     if np.issubdtype(arr.dtype, np.floating):
@@ -165,14 +231,30 @@ def _as_bounds(value, name: str, m: int) -> np.ndarray:
                 f"{name} must hold whole numbers of rollouts, got {value!r}; round it "
                 f"yourself if that is what you mean."
             )
+    elif not np.issubdtype(arr.dtype, np.integer):
+        raise SeraOptError(f"{name} must hold whole numbers of rollouts, got dtype {arr.dtype}.")
     if arr.ndim == 0:
-        arr = np.full(m, arr, dtype=np.int64)
-    elif arr.shape != (m,):
+        return np.full(m, validate_count(arr.item(), name), dtype=np.int64)
+    if arr.shape != (m,):
         raise SeraOptError(
             f"{name} must be a scalar or have one entry per prompt (shape ({m},)), got "
             f"shape {arr.shape}."
         )
+    if arr.size and (arr.max() > MAX_BUDGET or arr.min() < 0):
+        bad = int(np.flatnonzero((arr > MAX_BUDGET) | (arr < 0))[0])
+        raise SeraOptError(
+            f"{name} must lie in [0, 2**53]; got {arr[bad]!r} at index {bad}."
+        )
     return arr.astype(np.int64)
+
+
+def _exact_sum(values: np.ndarray) -> int:
+    """``sum(values)`` as a Python int, exact even where int64 would overflow."""
+    # Every entry is at most 2**53, so int64 is exact while M < 2**10; beyond, the
+    # float estimate tells whether the int64 sum is safe.
+    if values.size < 1024 or float(values.sum(dtype=np.float64)) < 2.0**62:
+        return int(values.sum())
+    return sum(int(v) for v in values.tolist())
 
 
 @dataclass(frozen=True, eq=False)
@@ -187,11 +269,13 @@ class AllocationProblem:
     success_probs : array_like, shape (M,)
         Success probability of each prompt, finite and in [0, 1].
     budget : int
-        Total number of rollouts, ``B``.
+        Total number of rollouts, ``B``; a whole number up to :data:`MAX_BUDGET`.
     min_rollouts, max_rollouts : int or array_like of int
         Per-prompt bounds (scalars broadcast). ``max_rollouts=None`` means no
         per-prompt cap: prompt ``i`` may take everything the others leave,
-        ``budget - sum(min_rollouts) + min_rollouts_i``.
+        ``budget - sum(min_rollouts) + min_rollouts_i``. (The policies and
+        :func:`sera_opt.allocate` put a default cap of their own in place of
+        ``None``; this class is the bare problem.)
     offset : {0, 1}
         The estimator's offset ``c``. With ``c = 1`` every prompt needs at least
         two rollouts for its factor to be positive.
@@ -208,25 +292,16 @@ class AllocationProblem:
     min_rollouts: np.ndarray = 1
     max_rollouts: np.ndarray | None = None
     offset: int = 0
-    rates: np.ndarray = field(init=False, repr=False)
+    capped: bool = field(init=False, repr=False)
 
     def __post_init__(self):
         p = validate_success_probs(self.success_probs)
         m = p.shape[0]
         offset = validate_offset(self.offset)
-        try:
-            budget = operator.index(self.budget)
-        except TypeError:
-            b = self.budget
-            if isinstance(b, (float, np.floating)) and float(b).is_integer():
-                budget = int(b)
-            else:
-                raise SeraOptError(
-                    f"budget must be a whole number of rollouts, got {self.budget!r}."
-                ) from None
+        budget = validate_count(self.budget, "budget")
         lo = _as_bounds(self.min_rollouts, "min_rollouts", m)
         need = 1 + offset
-        if (lo < need).any():
+        if lo.min() < need:
             i = int(np.flatnonzero(lo < need)[0])
             why = (
                 "with offset=1 (mean-centred estimator) a prompt with one rollout has "
@@ -238,9 +313,16 @@ class AllocationProblem:
                 f"min_rollouts must be at least {need}: {why}. Got {lo[i]} at index {i}; "
                 f"set min_rollouts={need} or more (or drop the prompt from the batch)."
             )
-        lo_total = int(lo.sum())
-        if self.max_rollouts is None:
-            hi = np.maximum(lo, budget - lo_total + lo)
+        lo_total = _exact_sum(lo)
+        capped = self.max_rollouts is not None
+        if not capped:
+            if budget < lo_total:
+                raise InfeasibleBudgetError(
+                    f"budget={budget} is infeasible for {m} prompts: with no per-prompt cap "
+                    f"it must be at least sum(min_rollouts) = {lo_total}. Raise the budget or "
+                    f"lower min_rollouts; sera_opt never clips the budget."
+                )
+            hi = lo + (budget - lo_total)
         else:
             hi = _as_bounds(self.max_rollouts, "max_rollouts", m)
             if (hi < lo).any():
@@ -249,24 +331,32 @@ class AllocationProblem:
                     f"max_rollouts must be >= min_rollouts for every prompt; at index {i} "
                     f"max_rollouts={hi[i]} < min_rollouts={lo[i]}."
                 )
-        hi_total = int(hi.sum())
-        if budget < lo_total or budget > hi_total:
-            raise InfeasibleBudgetError(
-                f"budget={budget} is infeasible for {m} prompts with these bounds: it must "
-                f"lie in [sum(min_rollouts), sum(max_rollouts)] = [{lo_total}, {hi_total}]. "
-                f"Change the budget or the bounds; sera_opt never clips the budget."
-            )
+            hi_total = _exact_sum(hi)
+            if budget < lo_total or budget > hi_total:
+                raise InfeasibleBudgetError(
+                    f"budget={budget} is infeasible for {m} prompts with these bounds: it "
+                    f"must lie in [sum(min_rollouts), sum(max_rollouts)] = [{lo_total}, "
+                    f"{hi_total}]. Change the budget or the bounds; sera_opt never clips the "
+                    f"budget."
+                )
         lo.setflags(write=False)
         hi.setflags(write=False)
+        # A read-only view: the caller's array keeps its own flags, and no copy is made.
+        p = p.view()
         p.setflags(write=False)
-        rates = success_rates(p)
-        rates.setflags(write=False)
         object.__setattr__(self, "success_probs", p)
         object.__setattr__(self, "budget", budget)
         object.__setattr__(self, "min_rollouts", lo)
         object.__setattr__(self, "max_rollouts", hi)
         object.__setattr__(self, "offset", offset)
-        object.__setattr__(self, "rates", rates)
+        object.__setattr__(self, "capped", capped)
+
+    @cached_property
+    def rates(self) -> np.ndarray:
+        """``a_i = -log(1 - p_i)`` (float64, read-only), computed once on first use."""
+        rates = np.asarray(success_rates(self.success_probs), dtype=np.float64)
+        rates.setflags(write=False)
+        return rates
 
     @property
     def num_prompts(self) -> int:
@@ -281,28 +371,11 @@ class AllocationProblem:
     @property
     def spare_budget(self) -> int:
         """Rollouts left after every prompt has its minimum, ``B - sum(min)``."""
-        return self.budget - int(self.min_rollouts.sum())
+        return self.budget - _exact_sum(self.min_rollouts)
 
-    def levels(self, counts) -> np.ndarray:
-        """Levels ``a_i (n_i - c)``, with ``a_i = -log(1 - p_i)``.
-
-        The factor is ``1 - exp(-level)``, so equalizing factors is equalizing
-        levels. ``p = 1`` gives ``inf`` (for ``n > c``), ``p = 0`` gives 0.
-        """
-        m = np.asarray(counts, dtype=np.float64) - self.offset
-        with np.errstate(invalid="ignore"):
-            lv = self.rates * m
-        # inf * 0 is NaN; a prompt with no effective rollouts has level 0.
-        return np.where(m > 0, lv, 0.0)
-
-    def factors(self, counts, levels=None) -> np.ndarray:
-        """Attenuation factors ``w_c(p_i, n_i) = 1 - exp(-level_i)`` in the inputs' float dtype.
-
-        ``levels``, if already computed for these counts, saves recomputing them.
-        """
-        if levels is None:
-            levels = self.levels(counts)
-        return (-np.expm1(-levels)).astype(self.dtype, copy=False)
+    def factors(self, counts) -> np.ndarray:
+        """Attenuation factors ``w_c(p_i, n_i)`` at ``counts``, in the inputs' float dtype."""
+        return _attenuation(self.success_probs, np.asarray(counts), self.offset)
 
     def check_counts(self, counts) -> np.ndarray:
         """Verify that ``counts`` is a feasible integer allocation; return it as int64."""
@@ -311,21 +384,24 @@ class AllocationProblem:
             raise SeraOptError(
                 f"counts must have shape ({self.num_prompts},), got {n.shape}."
             )
+        if n.dtype == np.bool_:
+            raise SeraOptError("counts must be integers, got booleans.")
         if np.issubdtype(n.dtype, np.floating):
             if not np.all(np.isfinite(n)) or not np.all(n == np.round(n)):
                 raise SeraOptError("counts must be whole numbers.")
         elif not np.issubdtype(n.dtype, np.integer):
             raise SeraOptError(f"counts must be integers, got dtype {n.dtype}.")
         n = n.astype(np.int64)
-        if int(n.sum()) != self.budget:
-            raise SeraOptError(
-                f"counts sum to {int(n.sum())}, not to the budget {self.budget}."
-            )
         bad = (n < self.min_rollouts) | (n > self.max_rollouts)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             raise SeraOptError(
                 f"counts[{i}]={n[i]} lies outside [{self.min_rollouts[i]}, "
                 f"{self.max_rollouts[i]}]."
+            )
+        total = _exact_sum(n)
+        if total != self.budget:
+            raise SeraOptError(
+                f"counts sum to {total}, not to the budget {self.budget}."
             )
         return n

@@ -195,7 +195,7 @@ def test_no_nan_or_overflow_at_the_edges(alpha):
             p, budget)
         assert int(alloc.counts.sum()) == budget
         assert np.all(np.isfinite(alloc.factors))
-        assert not math.isnan(alloc.objective)
+        assert not math.isnan(alloc.objective_value)
         # p = 0 and p = 1 gain nothing: they keep the minimum while others can take more.
         assert alloc.counts[0] == 2 and alloc.counts[5] == 2
         if budget > 2 * len(p) and alpha == 1:
@@ -233,7 +233,7 @@ def test_max_ratio_caps_like_the_other_sera_policies():
 def test_objective_field_is_the_maximized_sum():
     p = np.array([0.2, 0.7, 0.05])
     alloc = get_policy("sera-fair", alpha=0.5, offset=1).allocate(p, 12)
-    assert alloc.objective == pytest.approx(fair_utility(p, alloc.counts, 0.5, 1).sum())
+    assert alloc.objective_value == pytest.approx(fair_utility(p, alloc.counts, 0.5, 1).sum())
 
 
 def test_objective_class_refuses_alpha_inf():

@@ -96,7 +96,7 @@ def test_vip_is_optimal(case, gamma):
     alloc = policy.allocate(p, budget, min_rollouts=lo, max_rollouts=hi)
     best = best_sum(lambda n: vip_cost(p, n, gamma), lo, hi, budget, False)
     assert vip_cost(p, alloc.counts, gamma).sum() == pytest.approx(best, rel=1e-12, abs=1e-15)
-    assert alloc.objective == pytest.approx(best, rel=1e-12, abs=1e-15)
+    assert alloc.objective_value == pytest.approx(best, rel=1e-12, abs=1e-15)
 
 
 @SETTINGS
@@ -110,7 +110,7 @@ def test_hora_is_optimal_under_its_posterior(case, data):
                                         posterior=(alpha, beta))
     best = best_sum(lambda n: hora_utility(alpha, beta, n), lo, hi, budget, True)
     assert hora_utility(alpha, beta, alloc.counts).sum() == pytest.approx(best, rel=1e-10)
-    assert alloc.objective == pytest.approx(best, rel=1e-10)
+    assert alloc.objective_value == pytest.approx(best, rel=1e-10)
 
 
 @SETTINGS
@@ -217,7 +217,7 @@ def test_vip_edges():
     # p = 1: cost 0, keeps the minimum; p -> 0 limit: log p = -inf takes rollouts first.
     alloc = get_policy("vip").allocate(np.array([1.0, 0.5, 0.0]), 40)
     assert alloc.counts.tolist() == [4, 4, 32]
-    assert alloc.objective == -np.inf
+    assert alloc.objective_value == -np.inf
     # n = 1 has infinite RLOO variance: every prompt with 0 < p < 1 gets two first.
     alloc = get_policy("vip").allocate(np.array([0.3, 0.6, 0.9]), 6, min_rollouts=1)
     assert alloc.counts.tolist() == [2, 2, 2]

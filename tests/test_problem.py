@@ -122,8 +122,10 @@ class TestProblemValidation:
             prob.check_counts([1, 5])
 
     def test_levels_and_factors(self):
+        from sera_opt.solvers.separable import PointLevels
+
         prob = AllocationProblem([0.0, 0.5, 1.0], 9, min_rollouts=2, offset=1)
-        levels = prob.levels([3, 3, 3])
+        levels = PointLevels.from_problem(prob).terms([3, 3, 3])
         assert levels[0] == 0.0 and levels[2] == np.inf
         assert levels[1] == pytest.approx(2 * np.log(2))
         np.testing.assert_allclose(prob.factors([3, 3, 3]), [0.0, 0.75, 1.0])
@@ -133,3 +135,58 @@ class TestProblemValidation:
             sera_opt.allocate([0.5, 0.5], 100, max_rollouts=8)
         with pytest.raises(SeraOptError, match="unknown solver"):
             sera_opt.allocate([0.5, 0.5], 4, solver="simplex")
+
+
+class TestSupportedRange:
+    """Budgets and bounds are whole numbers up to 2**53, checked in Python integers."""
+
+    @pytest.mark.parametrize("budget", [2**53 + 1, 2**62, 2**63 + 5, 10**30, 1e20])
+    def test_budgets_beyond_the_range_are_refused_with_the_reason(self, budget):
+        with pytest.raises(SeraOptError, match=r"2\*\*53"):
+            AllocationProblem([0.5, 0.5, 0.5], budget)
+        with pytest.raises(SeraOptError, match=r"2\*\*53"):
+            sera_opt.allocate([0.5, 0.5, 0.5], budget)
+
+    def test_the_largest_budget_is_exact(self):
+        prob = AllocationProblem([0.5, 0.5], 2**53, max_rollouts=2**53)
+        assert prob.budget == 2**53 and isinstance(prob.budget, int)
+        alloc = sera_opt.allocate([0.5, 0.5], 2**53 - 1, max_rollouts=2**53)
+        assert sum(int(n) for n in alloc.counts) == 2**53 - 1
+
+    @pytest.mark.parametrize("budget", [True, False, np.bool_(True)])
+    def test_booleans_are_not_budgets(self, budget):
+        with pytest.raises(SeraOptError, match="whole number"):
+            AllocationProblem([0.5], budget)
+
+    def test_bounds_in_the_message_are_python_integers(self):
+        # 3 prompts with a cap near 2**53 each: the sum is beyond int64's reach in a
+        # naive product but is reported exactly.
+        with pytest.raises(InfeasibleBudgetError, match=str(3 * 2**53)):
+            AllocationProblem([0.5] * 3, 2, min_rollouts=1, max_rollouts=2**53)
+        big = np.full(2048, 2**53, dtype=np.int64)  # sum 2**64: int64 would wrap around
+        with pytest.raises(InfeasibleBudgetError, match=str(2048 * 2**53)):
+            AllocationProblem(np.full(2048, 0.5), 1, max_rollouts=big)
+
+    def test_no_cap_states_the_range_it_has(self):
+        with pytest.raises(InfeasibleBudgetError) as info:
+            AllocationProblem([0.1, 0.2, 0.3], 2)
+        assert "at least sum(min_rollouts) = 3" in str(info.value)
+        assert "[3, 3]" not in str(info.value)
+
+    @pytest.mark.parametrize("bound", [2**53 + 1, 10**30, -1])
+    def test_bounds_beyond_the_range_are_refused(self, bound):
+        with pytest.raises(SeraOptError):
+            AllocationProblem([0.5, 0.5], 4, min_rollouts=1, max_rollouts=bound)
+        with pytest.raises(SeraOptError):
+            AllocationProblem([0.5, 0.5], 4, min_rollouts=1, max_rollouts=[2, bound])
+
+    @pytest.mark.parametrize("name", ["sera-bayes", "hora", "sera-fair"])
+    def test_huge_budgets_in_the_expectation_policies_stay_in_range(self, name):
+        # Large counts used to lose the Beta moments to cancellation between two
+        # log-gammas of order n log n (factors like -839, or a MemoryError).
+        p = np.array([0.3, 0.01, 0.9])
+        budget = 10**15
+        options = {} if name == "hora" else {"max_ratio": None}  # hora has no cap by default
+        alloc = sera_opt.get_policy(name, **options).allocate(p, budget)
+        assert sum(int(n) for n in alloc.counts) == budget
+        assert np.all((alloc.factors >= 0) & (alloc.factors <= 1)), alloc.factors

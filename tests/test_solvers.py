@@ -10,11 +10,26 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+import math
+
 import sera_opt
 from sera_opt import AllocationProblem
-from sera_opt.solvers.greedy import greedy_counts, level_key
+from sera_opt.solvers import SOLVERS
+from sera_opt.solvers.greedy import greedy_counts
 
-INTEGER_SOLVERS = ["waterline", "greedy", "milp"]
+# Every registered solver that claims exactness is proven exact here, by the flag.
+EXACT_SOLVERS = [n for n in sera_opt.available_solvers() if SOLVERS.lookup(n).exact]
+
+
+def level_key(rate: float, m: int) -> tuple[float, int]:
+    """Order key of a prompt's level ``rate * m`` with the limit order at p = 0 and p = 1
+    (THEORY.md section 3, docs/theory.md): p = 0 ranks below every positive level and
+    p = 1 above every finite one; within each, by the effective count m."""
+    if rate == 0.0:
+        return (0.0, m)
+    if math.isinf(rate):
+        return (math.inf, m)
+    return (rate * m, 0)
 
 
 def sorted_level_keys(problem: AllocationProblem, counts) -> list:
@@ -77,7 +92,7 @@ THEORY_EXAMPLE = dict(success_probs=[0.669, 0.201, 0.576, 0.600, 0.953], budget=
                       min_rollouts=1, max_rollouts=9, offset=0)
 
 
-@pytest.mark.parametrize("solver", INTEGER_SOLVERS)
+@pytest.mark.parametrize("solver", EXACT_SOLVERS)
 def test_theory_counterexample(solver):
     # THEORY.md section 3: floor-then-fill gives (1,6,2,2,1); the optimum is (2,5,2,2,1).
     alloc = sera_opt.allocate(**THEORY_EXAMPLE, solver=solver)
@@ -97,12 +112,18 @@ def test_waterline_and_greedy_match_brute_force(problem):
         assert_lex_optimal(problem, alloc.counts, best, solver)
 
 
+@pytest.mark.parametrize("solver", EXACT_SOLVERS)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(tiny_problems(probs=milp_prob))
-def test_milp_matches_brute_force(problem):
+def test_every_exact_solver_matches_brute_force(solver, problem):
     best = brute_force(problem)
-    alloc = sera_opt.get_solver("milp").solve(problem)
-    assert_lex_optimal(problem, alloc.counts, best, "milp")
+    alloc = sera_opt.get_solver(solver).solve(problem)
+    assert_lex_optimal(problem, alloc.counts, best, solver)
+
+
+def test_the_exact_solvers_are_the_expected_ones():
+    # A solver losing its flag would silently drop out of the optimality test above.
+    assert {"waterline", "greedy", "milp"} <= set(EXACT_SOLVERS)
 
 
 @st.composite
@@ -260,7 +281,7 @@ def test_relaxation_bounds_the_integer_optimum():
 # edges
 # ----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("solver", INTEGER_SOLVERS)
+@pytest.mark.parametrize("solver", EXACT_SOLVERS)
 class TestEdges:
     def test_zero_probability_is_pinned_at_max(self, solver):
         alloc = sera_opt.allocate([0.0, 0.5, 0.9], 20, max_rollouts=8, solver=solver)

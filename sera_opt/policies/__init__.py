@@ -1,30 +1,39 @@
-"""Allocation policies: the interface, the registry, SERA, uniform and the peers' rules."""
+"""Allocation policies: the protocol, the registry, SERA, uniform, the alpha-fair family and
+the peers' rules."""
 
 from .base import (
+    DEFAULT_MAX_RATIO,
     POLICIES,
     AllocationPolicy,
+    SeparablePolicy,
     available_policies,
     get_policy,
+    policy_from_config,
     register_policy,
 )
-from .core import SERAPolicy, UniformPolicy, uniform_counts
+from .core import EvenCounts, SERAPolicy, UniformPolicy, uniform_counts
+from .fair import SERAFairPolicy
+from .bayes import PosteriorPolicy, SERABayesPolicy  # noqa: I001 (registration order)
+from .peers import GVMPolicy, HORAPolicy, KnapsackPolicy, VIPPolicy
 
 __all__ = [
+    "DEFAULT_MAX_RATIO",
     "POLICIES",
     "AllocationPolicy",
+    "EvenCounts",
+    "GVMPolicy",
+    "HORAPolicy",
+    "KnapsackPolicy",
+    "PosteriorPolicy",
+    "SERABayesPolicy",
+    "SERAFairPolicy",
     "SERAPolicy",
+    "SeparablePolicy",
     "UniformPolicy",
+    "VIPPolicy",
     "available_policies",
     "get_policy",
+    "policy_from_config",
     "register_policy",
     "uniform_counts",
 ]
-
-# --- peers ---
-from .bayes import PosteriorPolicy, SERABayesPolicy  # noqa: E402
-from .fair import SERAFairPolicy  # noqa: E402
-from .peers import GVMPolicy, HORAPolicy, KnapsackPolicy, VIPPolicy  # noqa: E402
-
-__all__ += ["GVMPolicy", "HORAPolicy", "KnapsackPolicy", "PosteriorPolicy", "SERABayesPolicy",
-            "SERAFairPolicy", "VIPPolicy"]
-# --- end peers ---

@@ -1,92 +1,164 @@
-"""The allocation-policy interface and its registry."""
+"""The allocation-policy protocol, its registry, and policies built on a separable objective."""
 
 from __future__ import annotations
 
 import math
+import time
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
 
 from .._registry import Registry
 from ..exceptions import SeraOptError
-from ..problem import AllocationProblem, validate_offset
+from ..problem import AllocationProblem, validate_count, validate_offset
 from ..result import Allocation
 
 __all__ = [
     "AllocationPolicy",
+    "SeparablePolicy",
     "POLICIES",
     "register_policy",
     "get_policy",
+    "policy_from_config",
     "available_policies",
+    "DEFAULT_MAX_RATIO",
 ]
 
 POLICIES = Registry("policy")
+
+#: The default cap of the SERA policies and of :func:`sera_opt.allocate`: with no
+#: ``max_rollouts``, no prompt gets more than ``ceil(4 * budget / M)`` rollouts.
+#: Max-min is ruled by the hardest prompts; uncapped, prompts whose estimated ``p``
+#: is near 0 absorb the budget while the others stay at the minimum, which aligns
+#: the batch gradient worse than uniform allocation (THEORY.md section 5).
+DEFAULT_MAX_RATIO = 4.0
+
+_UNSET: Any = object()
+# Options every policy has; the others each policy declares in `option_names`.
+_BOUND_OPTIONS = ("min_rollouts", "max_rollouts", "offset")
+
+
+def _check_bound(value, name: str):
+    """A per-prompt bound given at construction: None, a whole number, or an array of them."""
+    if value is None:
+        return None
+    if np.ndim(value) == 0:
+        return validate_count(value, name, minimum=1)
+    arr = np.asarray(value)
+    if arr.ndim != 1 or arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.number):
+        raise SeraOptError(f"{name} must be a whole number or a 1-D array of them, got {value!r}.")
+    return np.array([validate_count(v, name, minimum=1) for v in arr.tolist()], dtype=np.int64)
+
+
+def _check_max_ratio(max_ratio):
+    if max_ratio is None:
+        return None
+    if isinstance(max_ratio, (bool, np.bool_)) or not isinstance(max_ratio, (int, float,
+                                                                             np.number)):
+        raise SeraOptError(
+            f"max_ratio must be a number >= 1 (the cap as a multiple of the average count) "
+            f"or None for no cap, got {max_ratio!r}."
+        )
+    value = float(max_ratio)
+    if not (value >= 1 and math.isfinite(value)):
+        raise SeraOptError(
+            f"max_ratio must be a finite number >= 1 (the cap as a multiple of the average "
+            f"count) or None for no cap, got {max_ratio!r}."
+        )
+    return value
 
 
 class AllocationPolicy(ABC):
     """A rule that turns success probabilities and a budget into rollout counts.
 
-    Subclasses set :attr:`name`, register themselves with
-    :func:`register_policy`, and implement :meth:`_allocate`, which receives a
-    validated :class:`~sera_opt.AllocationProblem`.
+    The protocol, declared rather than discovered:
+
+    * :attr:`name` and :attr:`option_names`: the registry key and the constructor
+      options beyond the bounds (``min_rollouts``, ``max_rollouts``, ``offset``,
+      and ``max_ratio`` where :attr:`default_max_ratio` is set). Options are
+      checked when the policy is built; :meth:`config` returns them and
+      :func:`policy_from_config` rebuilds the policy from them.
+    * :attr:`extra_inputs`: the keywords :meth:`allocate` takes beyond the
+      probabilities, budget and bounds (``{"posterior"}``, ``{"gradient_norms"}``).
+    * :attr:`offset_sensitive`: whether the counts depend on the estimator offset.
+    * :attr:`exact`: whether the counts are the exact optimum of the policy's own
+      objective (``Allocation.objective``); the optimality tests run every
+      registered policy flagged exact against brute force.
+
+    Subclasses implement :meth:`_allocate`, which receives a validated
+    :class:`~sera_opt.AllocationProblem` and the extra inputs.
 
     Parameters
     ----------
     min_rollouts, max_rollouts : int or array_like, optional
         Default per-prompt bounds, used when :meth:`allocate` is called without
-        them. ``max_rollouts=None`` means no per-prompt cap.
+        them. ``min_rollouts=None`` means ``max(default, 1 + offset)``;
+        ``max_rollouts=None`` means the policy's default cap (below, or none).
     offset : {0, 1}
         Offset ``c`` of the estimator the rollouts will feed (0: success-average,
-        1: mean-centred). The reported factors use it; SERA equalizes them.
+        1: mean-centred). The reported factors use it.
     max_ratio : float or None
-        Only for policies that define ``default_max_ratio`` (SERA, sera-bayes):
+        Only for policies that define :attr:`default_max_ratio` (the SERA family):
         when no ``max_rollouts`` is given, cap each prompt at
         ``ceil(max_ratio * budget / M)``. ``None`` removes the cap.
     """
 
     name: ClassVar[str]
     preference: ClassVar[int] = 100  # place in the registry's listing (lower first)
+    option_names: ClassVar[tuple[str, ...]] = ()
+    extra_inputs: ClassVar[frozenset[str]] = frozenset()
+    offset_sensitive: ClassVar[bool] = False
+    exact: ClassVar[bool] = True
     default_min_rollouts: ClassVar[int] = 1
     default_max_rollouts: ClassVar[int | None] = None
-    # Policies that set this take a `max_ratio` option: the cap used when no
-    # max_rollouts is given, as a multiple of the average count.
     default_max_ratio: ClassVar[float | None] = None
-    #: Extra inputs that :meth:`allocate` takes as keywords beyond the probabilities,
-    #: the budget and the bounds (e.g. ``{"posterior"}``, ``{"gradient_norms"}``).
-    #: Callers such as :class:`sera_opt.RolloutPlanner` read this; nothing inspects
-    #: signatures.
-    extra_inputs: ClassVar[frozenset[str]] = frozenset()
-    #: Whether the counts depend on the estimator offset ``c`` (the policies that
-    #: shape the attenuation factors ``w_c``); trainers warn when it does not
-    #: match their estimator's.
-    offset_sensitive: ClassVar[bool] = False
 
-    def __init__(self, *, min_rollouts=None, max_rollouts=None, offset: int = 0, **bounds):
-        unknown = set(bounds) - ({"max_ratio"} if self.default_max_ratio is not None else set())
-        if unknown:
-            raise SeraOptError(
-                f"{type(self).__name__} got unexpected option(s) {sorted(unknown)}."
-            )
-        max_ratio = bounds.get("max_ratio", self.default_max_ratio)
-        if max_ratio is not None and not (isinstance(max_ratio, (int, float))
-                                          and not isinstance(max_ratio, bool)
-                                          and max_ratio >= 1):
-            raise SeraOptError(
-                f"max_ratio must be a number >= 1 (the cap as a multiple of the average count) "
-                f"or None for no cap, got {max_ratio!r}."
-            )
-        self.max_ratio = max_ratio
+    def __init__(self, *, min_rollouts=None, max_rollouts=None, offset: int = 0,
+                 max_ratio=_UNSET):
         self.offset = validate_offset(offset)
-        self.min_rollouts = (
-            max(self.default_min_rollouts, 1 + self.offset)
-            if min_rollouts is None
-            else min_rollouts
-        )
-        self.max_rollouts = (
-            self.default_max_rollouts if max_rollouts is None else max_rollouts
-        )
+        if max_ratio is not _UNSET and self.default_max_ratio is None:
+            raise SeraOptError(
+                f"{type(self).__name__} has no max_ratio option (only the SERA policies cap "
+                f"by a multiple of the average count); pass max_rollouts instead."
+            )
+        self.max_ratio = (_check_max_ratio(self.default_max_ratio if max_ratio is _UNSET
+                                           else max_ratio)
+                          if self.default_max_ratio is not None else None)
+        lo = _check_bound(min_rollouts, "min_rollouts")
+        self.min_rollouts = max(self.default_min_rollouts, 1 + self.offset) if lo is None else lo
+        hi = _check_bound(max_rollouts, "max_rollouts")
+        self.max_rollouts = self.default_max_rollouts if hi is None else hi
 
+    # ------------------------------------------------------------ configuration
+    @classmethod
+    def all_option_names(cls) -> tuple[str, ...]:
+        """Every constructor option of this policy, in a stable order."""
+        ratio = ("max_ratio",) if cls.default_max_ratio is not None else ()
+        return (*cls.option_names, *_BOUND_OPTIONS, *ratio)
+
+    @classmethod
+    def unknown_options(cls, options: Mapping[str, Any]) -> list[str]:
+        """The names in ``options`` that this policy does not take."""
+        return sorted(set(options) - set(cls.all_option_names()))
+
+    def config(self) -> dict[str, Any]:
+        """The policy's name and every option it was built with: plain data that
+        :func:`policy_from_config` turns back into an equal policy. Objects that are
+        not registered by name (a user's solver) appear as ``{"object": kind, "name":
+        ...}`` and must be passed again when rebuilding."""
+        return {"name": self.name,
+                "options": {k: self._config_value(k, getattr(self, k))
+                            for k in self.all_option_names()}}
+
+    def _config_value(self, option: str, value: Any) -> Any:
+        """How an option's value is written into :meth:`config`."""
+        if isinstance(value, np.ndarray):
+            return value.copy()
+        return value
+
+    # ------------------------------------------------------------ allocation
     def problem(self, success_probs, budget, *, min_rollouts=None,
                 max_rollouts=None) -> AllocationProblem:
         """Validate the inputs into an :class:`~sera_opt.AllocationProblem`."""
@@ -101,19 +173,28 @@ class AllocationPolicy(ABC):
         """``ceil(max_ratio * budget / M)``, never below a prompt's minimum; ``None`` when
         the inputs are malformed (AllocationProblem then reports what is wrong)."""
         try:
-            m = np.shape(success_probs)[0] if np.ndim(success_probs) == 1 else 0
-            cap = math.ceil(self.max_ratio * float(budget) / m) if m else None
-        except (TypeError, ValueError, OverflowError):
+            m = len(success_probs) if np.ndim(success_probs) == 1 else 0
+            budget = validate_count(budget, "budget")
+        except (TypeError, SeraOptError):
             return None
-        if cap is None:
+        if not m:
             return None
+        # Exact rational ceiling, in Python integers (a float product would round
+        # for budgets near 2**53).
+        num, den = float(self.max_ratio).as_integer_ratio()
+        cap = -((-num * budget) // (den * m))
+        if np.ndim(lo) == 0:
+            try:
+                return max(int(lo), cap)
+            except (TypeError, ValueError):
+                return cap
         try:
             return np.maximum(np.asarray(lo, dtype=np.int64), cap)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             return cap
 
-    def allocate(self, success_probs, budget, *, min_rollouts=None,
-                 max_rollouts=None) -> Allocation:
+    def allocate(self, success_probs, budget, *, min_rollouts=None, max_rollouts=None,
+                 **inputs: Any) -> Allocation:
         """Allocate ``budget`` rollouts over the prompts.
 
         Parameters
@@ -124,38 +205,87 @@ class AllocationPolicy(ABC):
             Total rollouts; the returned counts sum to it exactly.
         min_rollouts, max_rollouts : int or array_like, optional
             Override the policy's default bounds for this call.
+        **inputs
+            The policy's :attr:`extra_inputs` (e.g. ``posterior=(alpha, beta)``).
         """
+        self._check_inputs(inputs)
         problem = self.problem(success_probs, budget, min_rollouts=min_rollouts,
                                max_rollouts=max_rollouts)
-        return self._allocate(problem)
+        return self._allocate(problem, **inputs)
+
+    def _check_inputs(self, inputs: Mapping[str, Any]) -> None:
+        unknown = sorted(set(inputs) - self.extra_inputs)
+        if unknown:
+            raise SeraOptError(
+                f"policy {self.name!r} does not take {', '.join(map(repr, unknown))}; its "
+                f"extra inputs are {sorted(self.extra_inputs) or 'none'}."
+            )
 
     @abstractmethod
-    def _allocate(self, problem: AllocationProblem) -> Allocation:
+    def _allocate(self, problem: AllocationProblem, **inputs: Any) -> Allocation:
         """Allocate on a validated problem."""
 
-    def _options(self) -> dict[str, Any]:
-        options = {"min_rollouts": self.min_rollouts, "max_rollouts": self.max_rollouts,
-                   "offset": self.offset}
-        if self.default_max_ratio is not None:
-            options["max_ratio"] = self.max_ratio
-        return options
-
     def __repr__(self) -> str:
-        opts = ", ".join(f"{k}={v!r}" for k, v in self._options().items())
+        opts = ", ".join(f"{k}={v!r}" for k, v in self.config()["options"].items())
         return f"{type(self).__name__}({opts})"
+
+
+class SeparablePolicy(AllocationPolicy):
+    """A policy that allocates by the exact optimum of a separable objective.
+
+    A subclass implements :meth:`objective`; the separable engine
+    (:mod:`sera_opt.solvers.separable`) does the rest. A new policy is thus one
+    :class:`~sera_opt.solvers.separable.SeparableObjective` subclass and::
+
+        @sera_opt.register_policy
+        class MyPolicy(sera_opt.SeparablePolicy):
+            name = "mine"
+            def objective(self, problem):
+                return MyObjective(problem.success_probs, offset=problem.offset)
+    """
+
+    @abstractmethod
+    def objective(self, problem: AllocationProblem, **inputs: Any):
+        """The objective to optimize on ``problem``."""
+
+    def _allocate(self, problem: AllocationProblem, **inputs: Any) -> Allocation:
+        start = time.perf_counter()
+        objective = self.objective(problem, **inputs)
+        return self._solve(problem, objective, start)
+
+    def _solve(self, problem: AllocationProblem, objective, start: float, *,
+               posterior=None) -> Allocation:
+        from ..solvers.separable import SeparableObjective, _solve
+
+        if not isinstance(objective, SeparableObjective) or \
+                objective.num_prompts != problem.num_prompts:
+            raise SeraOptError(
+                f"{type(self).__name__}.objective must return a SeparableObjective over the "
+                f"problem's {problem.num_prompts} prompts, got {objective!r}."
+            )
+        counts = _solve(objective, problem.min_rollouts, problem.max_rollouts,
+                        problem.spare_budget, np.zeros(4, dtype=np.int64))
+        return Allocation._trusted(problem, counts, solver=self.name,
+                                   wall_time=time.perf_counter() - start,
+                                   objective=objective, posterior=posterior)
 
 
 def register_policy(cls=None, *, name: str | None = None, replace: bool = False):
     """Register an :class:`AllocationPolicy` subclass (usable as a decorator)."""
-    return POLICIES.register(cls, name=name, replace=replace)
+    def check(c):
+        if not (isinstance(c, type) and issubclass(c, AllocationPolicy)):
+            raise SeraOptError(f"register_policy takes AllocationPolicy subclasses, got {c!r}.")
+        return POLICIES.register(c, name=name, replace=replace)
+
+    return check if cls is None else check(cls)
 
 
 def get_policy(name, **options) -> AllocationPolicy:
     """Build the policy registered as ``name`` with ``options``.
 
     An :class:`AllocationPolicy` instance is returned as is (options must then
-    be empty). Unknown names raise :class:`~sera_opt.SeraOptError` listing the
-    known ones.
+    be empty). Unknown names and options raise :class:`~sera_opt.SeraOptError`
+    listing the valid ones.
     """
     if isinstance(name, AllocationPolicy):
         if options:
@@ -163,7 +293,47 @@ def get_policy(name, **options) -> AllocationPolicy:
                 "options cannot be applied to an existing policy instance; build a new one."
             )
         return name
-    return POLICIES.lookup(name)(**options)
+    cls = POLICIES.lookup(name)
+    unknown = cls.unknown_options(options)
+    if unknown:
+        raise SeraOptError(
+            f"policy {name!r} has no option {', '.join(map(repr, unknown))}; its options are "
+            f"{', '.join(cls.all_option_names())}."
+        )
+    return cls(**options)
+
+
+def policy_from_config(config: Mapping[str, Any], **objects: Any) -> AllocationPolicy:
+    """Rebuild a policy from :meth:`AllocationPolicy.config`.
+
+    ``objects`` supply the options that the configuration could only name (a
+    user's solver: ``solver=my_solver``); each must carry the name recorded.
+    """
+    if not isinstance(config, Mapping) or "name" not in config or "options" not in config:
+        raise SeraOptError(
+            "a policy configuration is a mapping with 'name' and 'options', as "
+            "AllocationPolicy.config() returns."
+        )
+    options = dict(config["options"])
+    for key, value in options.items():
+        if isinstance(value, Mapping) and set(value) == {"object", "name"}:
+            given = objects.get(key)
+            if given is None:
+                raise SeraOptError(
+                    f"the configuration's option {key!r} is an unregistered {value['object']} "
+                    f"named {value['name']!r}; pass it again ({key}=...) or register it."
+                )
+            if getattr(given, "name", None) != value["name"]:
+                raise SeraOptError(
+                    f"the {value['object']} passed as {key!r} is named "
+                    f"{getattr(given, 'name', None)!r}, the configuration names "
+                    f"{value['name']!r}."
+                )
+            options[key] = given
+    extra = sorted(set(objects) - set(options))
+    if extra:
+        raise SeraOptError(f"policy {config['name']!r} has no option {', '.join(extra)}.")
+    return get_policy(config["name"], **options)
 
 
 def available_policies() -> tuple[str, ...]:

@@ -16,8 +16,7 @@ from __future__ import annotations
 import math
 import time
 from abc import abstractmethod
-from dataclasses import replace
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
@@ -25,7 +24,7 @@ from ..exceptions import SeraOptError
 from ..problem import AllocationProblem
 from ..result import Allocation
 from ..solvers.separable import BetaLevels, PointLevels, validate_beta_posterior
-from .base import AllocationPolicy, register_policy
+from .base import DEFAULT_MAX_RATIO, SeparablePolicy, register_policy
 
 __all__ = ["PosteriorPolicy", "SERABayesPolicy", "expected_factors"]
 
@@ -44,6 +43,9 @@ def expected_factors(alpha, beta, counts, offset: int = 0) -> np.ndarray:
 
 
 def _validate_strength(prior_strength) -> float:
+    if isinstance(prior_strength, (bool, np.bool_)):
+        raise SeraOptError(f"prior_strength must be a positive number (or inf), got "
+                           f"{prior_strength!r}.")
     try:
         s = float(prior_strength)
     except (TypeError, ValueError):
@@ -58,15 +60,15 @@ def _validate_strength(prior_strength) -> float:
     return s
 
 
-class PosteriorPolicy(AllocationPolicy):
+class PosteriorPolicy(SeparablePolicy):
     """Base of the policies whose objective is an expectation under Beta posteriors.
 
-    :meth:`allocate` takes the posterior as ``posterior=(alpha, beta)``, for
-    example ``tracker.posterior(prompt_ids)`` (:class:`sera_opt.RolloutPlanner`
-    passes it). Without one, ``success_probs`` are read as posterior means with
-    ``prior_strength`` pseudo-counts: ``p_i ~ Beta(s p_i, s (1 - p_i))``. The
-    default ``s = 8`` is the evidence of one group of eight rollouts; ``s =
-    inf`` treats the probabilities as exact.
+    :meth:`allocate` takes the posterior as ``posterior=(alpha, beta)`` (its
+    declared extra input), for example ``tracker.posterior(prompt_ids)``
+    (:class:`sera_opt.RolloutPlanner` passes it). Without one, ``success_probs``
+    are read as posterior means with ``prior_strength`` pseudo-counts: ``p_i ~
+    Beta(s p_i, s (1 - p_i))``. The default ``s = 8`` is the evidence of one group
+    of eight rollouts; ``s = inf`` treats the probabilities as exact.
 
     Parameters
     ----------
@@ -76,17 +78,15 @@ class PosteriorPolicy(AllocationPolicy):
         See :class:`AllocationPolicy`.
     """
 
-    accepts_posterior: ClassVar[bool] = True
-    extra_inputs: ClassVar[frozenset[str]] = frozenset({"posterior"})
+    option_names = ("prior_strength",)
+    extra_inputs = frozenset({"posterior"})
 
-    def __init__(self, *, prior_strength: float = DEFAULT_PRIOR_STRENGTH, min_rollouts=None,
-                 max_rollouts=None, offset: int = 0, **bounds):
-        super().__init__(min_rollouts=min_rollouts, max_rollouts=max_rollouts, offset=offset,
-                         **bounds)
+    def __init__(self, *, prior_strength: float = DEFAULT_PRIOR_STRENGTH, **bounds: Any):
+        super().__init__(**bounds)
         self.prior_strength = _validate_strength(prior_strength)
 
     def allocate(self, success_probs, budget, *, min_rollouts=None, max_rollouts=None,
-                 posterior=None) -> Allocation:
+                 posterior=None, **inputs: Any) -> Allocation:
         """Allocate ``budget`` rollouts.
 
         Parameters
@@ -101,12 +101,12 @@ class PosteriorPolicy(AllocationPolicy):
         posterior : tuple (alpha, beta) of array_like, optional
             Beta posterior of each prompt's success probability.
         """
+        self._check_inputs(inputs)
         if posterior is None:
             if success_probs is None:
                 raise SeraOptError("pass success_probs, or posterior=(alpha, beta), or both.")
-            problem = self.problem(success_probs, budget, min_rollouts=min_rollouts,
-                                   max_rollouts=max_rollouts)
-            return self._allocate(problem)
+            return super().allocate(success_probs, budget, min_rollouts=min_rollouts,
+                                    max_rollouts=max_rollouts)
         try:
             alpha, beta = posterior
         except (TypeError, ValueError):
@@ -134,7 +134,7 @@ class PosteriorPolicy(AllocationPolicy):
                 )
         problem = self.problem(success_probs, budget, min_rollouts=min_rollouts,
                                max_rollouts=max_rollouts)
-        return self._allocate_posterior(problem, alpha, beta)
+        return self._allocate(problem, posterior=(alpha, beta))
 
     def pseudo_posterior(self, success_probs) -> tuple[np.ndarray, np.ndarray] | None:
         """``(s p, s (1 - p))`` for the pseudo-count ``s``; ``None`` when ``s`` is inf."""
@@ -143,18 +143,16 @@ class PosteriorPolicy(AllocationPolicy):
         p = np.asarray(success_probs, dtype=np.float64)
         return self.prior_strength * p, self.prior_strength * (1.0 - p)
 
-    def _allocate(self, problem: AllocationProblem) -> Allocation:
-        post = self.pseudo_posterior(problem.success_probs)
-        if post is None:
-            return self._allocate_posterior(problem, None, None)
-        return self._allocate_posterior(problem, *post)
+    def _allocate(self, problem: AllocationProblem, posterior=None) -> Allocation:
+        start = time.perf_counter()
+        if posterior is None:
+            posterior = self.pseudo_posterior(problem.success_probs)
+        objective = self.objective(problem, posterior=posterior)
+        return self._solve(problem, objective, start, posterior=posterior)
 
     @abstractmethod
-    def _allocate_posterior(self, problem, alpha, beta) -> Allocation:
-        """Allocate under ``Beta(alpha, beta)`` posteriors (``None``: exact probabilities)."""
-
-    def _options(self) -> dict[str, Any]:
-        return {"prior_strength": self.prior_strength, **super()._options()}
+    def objective(self, problem: AllocationProblem, posterior=None):
+        """The objective under ``posterior = (alpha, beta)`` (``None``: exact probabilities)."""
 
 
 @register_policy
@@ -195,20 +193,10 @@ class SERABayesPolicy(PosteriorPolicy):
     """
 
     name = "sera-bayes"
-    default_max_ratio = 4.0  # as SERAPolicy: see its max_ratio
+    default_max_ratio = DEFAULT_MAX_RATIO
     offset_sensitive = True
 
-    def _allocate_posterior(self, problem, alpha, beta) -> Allocation:
-        start = time.perf_counter()
-        if alpha is None:
-            objective = PointLevels(problem.success_probs, offset=problem.offset)
-        else:
-            objective = BetaLevels(alpha, beta, offset=problem.offset)
-        counts = objective.solve(problem.budget, problem.min_rollouts, problem.max_rollouts)
-        levels = objective.terms(counts)
-        factors = (-np.expm1(-levels)).astype(problem.dtype)
-        elapsed = time.perf_counter() - start
-        alloc = Allocation.from_counts(problem, counts, solver=self.name, wall_time=elapsed,
-                                       factors=factors, with_levels=False)
-        levels.setflags(write=False)
-        return replace(alloc, levels=levels)
+    def objective(self, problem: AllocationProblem, posterior=None):
+        if posterior is None:
+            return PointLevels.from_problem(problem)
+        return BetaLevels(*posterior, offset=problem.offset)

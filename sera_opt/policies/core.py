@@ -5,14 +5,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import numpy as np
-
 from ..problem import AllocationProblem
 from ..result import Allocation
-from ..solvers.base import get_solver
-from .base import AllocationPolicy, register_policy
+from ..solvers._tiers import even_increments
+from ..solvers.base import get_solver, is_registered
+from ..solvers.separable import SeparableObjective
+from .base import DEFAULT_MAX_RATIO, AllocationPolicy, register_policy
 
-__all__ = ["SERAPolicy", "UniformPolicy", "uniform_counts"]
+__all__ = ["SERAPolicy", "UniformPolicy", "EvenCounts", "uniform_counts"]
 
 
 @register_policy
@@ -22,6 +22,7 @@ class SERAPolicy(AllocationPolicy):
     Lexicographically maximizes the sorted attenuation factors
     ``w_c(p_i, n_i) = 1 - (1 - p_i) ** (n_i - c)`` subject to
     ``sum_i n_i = budget`` and the per-prompt bounds (THEORY.md section 3).
+    :func:`sera_opt.allocate` is this policy, with the same defaults.
 
     Parameters
     ----------
@@ -41,59 +42,80 @@ class SERAPolicy(AllocationPolicy):
         then loses to uniform allocation (docs/benchmarks.md, maze). ``None``
         removes the cap.
     **solver_options
-        Passed to the solver (e.g. ``continuous=False`` for "waterline").
+        Passed to the solver (e.g. ``continuous=False`` for "waterline"); options
+        the solver does not understand are warned about here, when the policy is
+        built.
     """
 
     name = "sera"
     preference = 0
-    default_max_ratio = 4.0
+    default_max_ratio = DEFAULT_MAX_RATIO
     offset_sensitive = True
 
     def __init__(self, solver="waterline", *, min_rollouts=None, max_rollouts=None,
-                 offset: int = 0, max_ratio=default_max_ratio, **solver_options: Any):
+                 offset: int = 0, max_ratio=DEFAULT_MAX_RATIO, **solver_options: Any):
         super().__init__(min_rollouts=min_rollouts, max_rollouts=max_rollouts, offset=offset,
                          max_ratio=max_ratio)
         self.solver = get_solver(solver)
-        self.solver_options = solver_options
+        self.solver_options = self.solver.check_options(solver_options, stacklevel=2)
+        self.exact = self.solver.exact
 
     def _allocate(self, problem: AllocationProblem) -> Allocation:
         return self.solver.solve(problem, **self.solver_options)
 
-    def _options(self) -> dict[str, Any]:
-        return {"solver": self.solver.name, **super()._options(), **self.solver_options}
+    def config(self) -> dict[str, Any]:
+        config = super().config()
+        config["options"].update(self.solver_options)
+        return config
+
+    def _config_value(self, option: str, value: Any) -> Any:
+        if option == "solver":
+            if is_registered(value):
+                return value.name
+            return {"object": "solver", "name": value.name}
+        return super()._config_value(option, value)
+
+    @classmethod
+    def all_option_names(cls) -> tuple[str, ...]:
+        return ("solver", *super().all_option_names())
+
+    @classmethod
+    def unknown_options(cls, options) -> list[str]:
+        # Anything else is a solver option, which the chosen solver checks (with a
+        # warning for those it ignores) when the policy is built.
+        return []
 
 
-def uniform_counts(problem: AllocationProblem) -> np.ndarray:
-    """Counts as even as the budget and bounds allow.
+class EvenCounts(SeparableObjective):
+    """Uniform allocation's objective: lexicographically maximize the sorted counts
+    themselves (max-min with level ``n``), i.e. raise the lowest counts first."""
 
-    Raises every prompt to a common count ``T`` (clipped to its bounds), the
-    largest ``T`` the budget affords, then gives one more to the first prompts
-    in index order that can take it until the budget is spent.
-    """
-    lo, hi, budget = problem.min_rollouts, problem.max_rollouts, problem.budget
-    low, high = int(lo.min()), int(hi.max())
-    # Largest T with sum(clip(T, lo, hi)) <= budget, by integer bisection.
-    while low < high:
-        mid = (low + high + 1) // 2
-        if int(np.clip(mid, lo, hi).sum()) <= budget:
-            low = mid
-        else:
-            high = mid - 1
-    counts = np.clip(low, lo, hi).astype(np.int64)
-    remainder = budget - int(counts.sum())
-    if remainder:
-        can_take = np.flatnonzero(counts < hi)[:remainder]
-        counts[can_take] += 1
-    return counts
+    sense = "max-min"
+
+    def gains(self, counts):
+        return -self._counts(counts).astype(float)
+
+    def terms(self, counts):
+        return self._counts(counts).astype(float)
+
+
+def uniform_counts(problem: AllocationProblem):
+    """Counts as even as the budget and bounds allow: water-filling, the lowest counts
+    raised first, ties to the lower index (the lexicographic max-min of the counts)."""
+    lo = problem.min_rollouts
+    return lo + even_increments(lo, problem.max_rollouts - lo, problem.spare_budget)
 
 
 @register_policy
 class UniformPolicy(AllocationPolicy):
     """Uniform allocation (MaxRL, GRPO): ``n_i = budget / M``.
 
-    When ``budget`` is not a multiple of ``M`` the remainder goes one rollout
-    each to the first prompts in index order; per-prompt bounds are respected
-    (counts are as even as they allow).
+    With per-prompt bounds, or a budget that is not a multiple of ``M``, the
+    counts are as even as the bounds allow: the spare budget is water-filled,
+    one rollout at a time to the prompt with the fewest so far (ties to the
+    lower index). So minimums ``[5, 1, 1]`` and a budget of 8 give ``[5, 2, 1]``.
+    This is the lexicographic max-min of the counts themselves
+    (:class:`EvenCounts`, ``Allocation.objective``).
     """
 
     name = "uniform"
@@ -102,5 +124,6 @@ class UniformPolicy(AllocationPolicy):
     def _allocate(self, problem: AllocationProblem) -> Allocation:
         start = time.perf_counter()
         counts = uniform_counts(problem)
-        return Allocation.from_counts(problem, counts, solver=self.name,
-                                      wall_time=time.perf_counter() - start)
+        objective = EvenCounts(problem.num_prompts)
+        return Allocation._trusted(problem, counts, solver=self.name,
+                                   wall_time=time.perf_counter() - start, objective=objective)

@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import math
-import time
-from typing import Any
 
 from ..problem import AllocationProblem
-from ..result import Allocation
-from ..solvers.base import get_solver
-from ..solvers.separable import AlphaFairUtility, _check_alpha
-from .base import AllocationPolicy, register_policy
+from ..solvers.separable import AlphaFairUtility, PointLevels, check_alpha
+from .base import DEFAULT_MAX_RATIO, SeparablePolicy, register_policy
 
 __all__ = ["SERAFairPolicy"]
 
 
 @register_policy
-class SERAFairPolicy(AllocationPolicy):
+class SERAFairPolicy(SeparablePolicy):
     """Alpha-fair allocation of the attenuation factors: between HORA's sum and SERA's max-min.
 
     Solves, exactly in integers::
@@ -37,17 +33,18 @@ class SERAFairPolicy(AllocationPolicy):
       the spare budget evenly and none is pinned at the cap, while solved
       prompts stay at the minimum.
     * ``alpha -> inf`` tends to SERA's lexicographic max-min; ``alpha=inf`` *is*
-      it (the ``"sera"`` policy's counts, through its waterline solver).
+      it (the ``"sera"`` policy's counts, through the waterline kernels).
 
     Edges: a prompt with ``p = 0`` has factor 0 whatever its count and gains
     nothing from rollouts (for ``alpha >= 1`` its utility is ``-inf`` at every
     count): it keeps its minimum unless every other prompt is full, the
-    opposite of max-min, which gives it the cap (except at ``alpha=inf``,
-    which is max-min). ``p = 1`` keeps its minimum likewise. Ties between equal
-    gains: fewer rollouts first, then the lower index.
+    opposite of max-min, which gives it the cap (and so does ``alpha=inf``).
+    ``p = 1`` keeps its minimum likewise. Ties between equal gains: fewer
+    rollouts first, then the lower index.
 
-    ``Allocation.objective`` is the maximized sum (``-inf`` for ``alpha >= 1``
-    when some ``p = 0``).
+    ``Allocation.objective`` is the :class:`~sera_opt.solvers.separable.AlphaFairUtility`
+    (``PointLevels`` at ``alpha=inf``); ``Allocation.objective_value`` the maximized
+    sum (``-inf`` for ``alpha >= 1`` when some ``p = 0``).
 
     Parameters
     ----------
@@ -61,26 +58,16 @@ class SERAFairPolicy(AllocationPolicy):
 
     name = "sera-fair"
     preference = 1
-    default_max_ratio = 4.0
+    option_names = ("alpha",)
+    default_max_ratio = DEFAULT_MAX_RATIO
     offset_sensitive = True
 
-    def __init__(self, alpha: float = 1.0, *, min_rollouts=None, max_rollouts=None,
-                 offset: int = 0, max_ratio=default_max_ratio):
-        super().__init__(min_rollouts=min_rollouts, max_rollouts=max_rollouts, offset=offset,
-                         max_ratio=max_ratio)
-        self.alpha = _check_alpha(alpha)
+    def __init__(self, alpha: float = 1.0, **bounds):
+        super().__init__(**bounds)
+        self.alpha = check_alpha(alpha)
 
-    def _allocate(self, problem: AllocationProblem) -> Allocation:
+    def objective(self, problem: AllocationProblem):
         if math.isinf(self.alpha):
-            alloc = get_solver("waterline").solve(problem, continuous=False)
-            return Allocation.from_counts(problem, alloc.counts, solver=self.name,
-                                          wall_time=alloc.wall_time)
-        start = time.perf_counter()
-        objective = AlphaFairUtility(problem.success_probs, self.alpha, offset=problem.offset)
-        counts = objective.solve(problem.budget, problem.min_rollouts, problem.max_rollouts)
-        value = objective.value(counts)
-        return Allocation.from_counts(problem, counts, solver=self.name,
-                                      wall_time=time.perf_counter() - start, objective=value)
-
-    def _options(self) -> dict[str, Any]:
-        return {"alpha": self.alpha, **super()._options()}
+            return PointLevels.from_problem(problem)
+        return AlphaFairUtility(problem.success_probs, self.alpha, offset=problem.offset,
+                                rates=problem.rates)

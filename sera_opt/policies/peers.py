@@ -10,14 +10,12 @@ says what is done.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
 
 from ..exceptions import SeraOptError
 from ..problem import AllocationProblem
-from ..result import Allocation
 from ..solvers.separable import (
     HitUtility,
     InverseCountCost,
@@ -25,23 +23,14 @@ from ..solvers.separable import (
     PointHitUtility,
     RLOOVariance,
 )
-from .base import AllocationPolicy, register_policy
-from .bayes import PosteriorPolicy, expected_factors
+from .base import SeparablePolicy, register_policy
+from .bayes import PosteriorPolicy
 
 __all__ = ["KnapsackPolicy", "VIPPolicy", "HORAPolicy", "GVMPolicy", "gvm_weights"]
 
 
-def _finish(policy: AllocationPolicy, problem: AllocationProblem, objective, start: float,
-            **fields) -> Allocation:
-    counts = objective.solve(problem.budget, problem.min_rollouts, problem.max_rollouts)
-    value = objective.value(counts)
-    elapsed = time.perf_counter() - start
-    return Allocation.from_counts(problem, counts, solver=policy.name, wall_time=elapsed,
-                                  objective=value, **fields)
-
-
 @register_policy
-class KnapsackPolicy(AllocationPolicy):
+class KnapsackPolicy(SeparablePolicy):
     """Knapsack RL (Li et al. 2025, arXiv 2509.25849): budget as a knapsack.
 
     Solves::
@@ -59,20 +48,19 @@ class KnapsackPolicy(AllocationPolicy):
     left once every other prompt is at its maximum goes to the ``p = 0``
     prompts (evenly), then to the ``p = 1`` prompts. Ties between equal
     marginal gains: fewer rollouts first, then the lower index.
-    ``Allocation.objective`` is ``sum_i V(n_i, p_i)``.
+    ``Allocation.objective_value`` is ``sum_i V(n_i, p_i)``.
     """
 
     name = "knapsack"
     default_min_rollouts = 2
     default_max_rollouts = 128
 
-    def _allocate(self, problem: AllocationProblem) -> Allocation:
-        start = time.perf_counter()
-        return _finish(self, problem, KnapsackValue(problem.success_probs), start)
+    def objective(self, problem: AllocationProblem):
+        return KnapsackValue(problem.success_probs)
 
 
 @register_policy
-class VIPPolicy(AllocationPolicy):
+class VIPPolicy(SeparablePolicy):
     """VIP (Nguyen et al., ICLR 2026, arXiv 2602.01601), its RLOO variance rule.
 
     Solves::
@@ -93,7 +81,7 @@ class VIPPolicy(AllocationPolicy):
     ``p = 1`` has cost 0 and keeps its minimum; ``p = 0`` makes ``log p =
     -inf``, so as in the limit ``p -> 0+`` it takes rollouts first (and the
     objective is ``-inf``): feed estimates, never raw zeros. Ties: fewer
-    rollouts first, then the lower index. ``Allocation.objective`` is the
+    rollouts first, then the lower index. ``Allocation.objective_value`` is the
     minimized sum.
 
     Parameters
@@ -105,23 +93,16 @@ class VIPPolicy(AllocationPolicy):
     """
 
     name = "vip"
+    option_names = ("gamma",)
     default_min_rollouts = 4
     default_max_rollouts = 32
 
-    def __init__(self, gamma: float = 7e-4, *, min_rollouts=None, max_rollouts=None,
-                 offset: int = 0):
-        super().__init__(min_rollouts=min_rollouts, max_rollouts=max_rollouts, offset=offset)
-        gamma = float(gamma)
-        if not np.isfinite(gamma) or gamma < 0:
-            raise SeraOptError(f"gamma must be finite and >= 0, got {gamma!r}.")
-        self.gamma = gamma
+    def __init__(self, gamma: float = 7e-4, **bounds: Any):
+        super().__init__(**bounds)
+        self.gamma = _finite_float(gamma, "gamma", minimum=0.0)
 
-    def _allocate(self, problem: AllocationProblem) -> Allocation:
-        start = time.perf_counter()
-        return _finish(self, problem, RLOOVariance(problem.success_probs, self.gamma), start)
-
-    def _options(self) -> dict[str, Any]:
-        return {"gamma": self.gamma, **super()._options()}
+    def objective(self, problem: AllocationProblem):
+        return RLOOVariance(problem.success_probs, self.gamma)
 
 
 @register_policy
@@ -142,29 +123,17 @@ class HORAPolicy(PosteriorPolicy):
 
     Edges: ``p = 0`` for sure adds nothing and ``p = 1`` is hit by its first
     rollout; both keep their minimum unless everything else is full. Ties:
-    fewer rollouts first, then the lower index. ``Allocation.objective`` is
+    fewer rollouts first, then the lower index. ``Allocation.objective_value`` is
     the expected number of hit prompts and ``Allocation.factors`` the
     expected attenuation factors ``E[w_c(p_i, n_i)]`` for the policy's offset.
     """
 
     name = "hora"
 
-    def _allocate_posterior(self, problem, alpha, beta) -> Allocation:
-        start = time.perf_counter()
-        if alpha is None:
-            objective = PointHitUtility(problem.success_probs)
-        else:
-            objective = HitUtility(alpha, beta)
-        counts = objective.solve(problem.budget, problem.min_rollouts, problem.max_rollouts)
-        value = objective.value(counts)
-        if alpha is None:
-            factors = problem.factors(counts)
-        else:
-            factors = expected_factors(alpha, beta, counts, problem.offset).astype(problem.dtype)
-        elapsed = time.perf_counter() - start
-        return Allocation.from_counts(problem, counts, solver=self.name, wall_time=elapsed,
-                                      objective=value, factors=factors,
-                                      with_levels=alpha is None)
+    def objective(self, problem: AllocationProblem, posterior=None):
+        if posterior is None:
+            return PointHitUtility(problem.success_probs)
+        return HitUtility(*posterior)
 
 
 def gvm_weights(success_probs, gradient_norms=None, *, alpha: float = 1e-3,
@@ -184,7 +153,7 @@ def gvm_weights(success_probs, gradient_norms=None, *, alpha: float = 1e-3,
 
 
 @register_policy
-class GVMPolicy(AllocationPolicy):
+class GVMPolicy(SeparablePolicy):
     """GVM-RAFT (Yao et al. 2025, arXiv 2505.02391): gradient-variance-minimizing counts.
 
     The paper allocates ``n_i`` proportional to ``w_i = G_i / sqrt(p_i + alpha
@@ -199,10 +168,11 @@ class GVMPolicy(AllocationPolicy):
         subject to  sum_i n_i = B,  lo_i <= n_i <= hi_i,  n_i integer.
 
     Defaults as in the paper: ``alpha = 1e-3``, ``beta = 2``. Gradient norms
-    come from ``allocate(..., gradient_norms=G)``, else from the constructor,
-    else are 1 for every prompt. Edges: see :func:`gvm_weights` (``p = 0``
-    keeps the minimum under the default ``beta``). Ties: fewer rollouts first,
-    then the lower index. ``Allocation.objective`` is the minimized sum.
+    come from ``allocate(..., gradient_norms=G)`` (the declared extra input),
+    else from the constructor, else are 1 for every prompt. Edges: see
+    :func:`gvm_weights` (``p = 0`` keeps the minimum under the default
+    ``beta``). Ties: fewer rollouts first, then the lower index.
+    ``Allocation.objective_value`` is the minimized sum.
 
     Parameters
     ----------
@@ -215,59 +185,50 @@ class GVMPolicy(AllocationPolicy):
     """
 
     name = "gvm"
+    option_names = ("alpha", "beta", "gradient_norms")
     extra_inputs = frozenset({"gradient_norms"})
 
     def __init__(self, alpha: float = 1e-3, beta: float = 2.0, *, gradient_norms=None,
-                 min_rollouts=None, max_rollouts=None, offset: int = 0):
-        super().__init__(min_rollouts=min_rollouts, max_rollouts=max_rollouts, offset=offset)
-        alpha, beta = float(alpha), float(beta)
-        if not (np.isfinite(alpha) and alpha >= 0 and np.isfinite(beta)):
-            raise SeraOptError(
-                f"alpha must be finite and >= 0 and beta finite, got alpha={alpha!r}, "
-                f"beta={beta!r}."
-            )
-        self.alpha = alpha
-        self.beta = beta
+                 **bounds: Any):
+        super().__init__(**bounds)
+        self.alpha = _finite_float(alpha, "alpha", minimum=0.0)
+        self.beta = _finite_float(beta, "beta")
         self.gradient_norms = (None if gradient_norms is None
-                               else self._check_norms(gradient_norms, None))
+                               else _check_norms(gradient_norms, None))
 
-    @staticmethod
-    def _check_norms(gradient_norms, m: int | None) -> np.ndarray:
-        g = np.asarray(gradient_norms, dtype=np.float64)
-        if g.ndim != 1 or (m is not None and g.shape[0] != m):
-            raise SeraOptError(
-                f"gradient_norms must be 1-D with one entry per prompt"
-                f"{'' if m is None else f' ({m})'}, got shape {g.shape}."
-            )
-        bad = ~np.isfinite(g) | (g < 0)
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            raise SeraOptError(
-                f"gradient_norms must be finite and >= 0, got {g[i]!r} at index {i}."
-            )
-        return g
-
-    def allocate(self, success_probs, budget, *, min_rollouts=None, max_rollouts=None,
-                 gradient_norms=None) -> Allocation:
-        """Allocate ``budget`` rollouts; ``gradient_norms`` gives this batch's ``G_i``."""
-        problem = self.problem(success_probs, budget, min_rollouts=min_rollouts,
-                               max_rollouts=max_rollouts)
+    def objective(self, problem: AllocationProblem, gradient_norms=None):
         norms = self.gradient_norms if gradient_norms is None else gradient_norms
         if norms is not None:
-            norms = self._check_norms(norms, problem.num_prompts)
-        return self._allocate_norms(problem, norms)
-
-    def _allocate(self, problem: AllocationProblem) -> Allocation:
-        norms = self.gradient_norms
-        if norms is not None:
-            norms = self._check_norms(norms, problem.num_prompts)
-        return self._allocate_norms(problem, norms)
-
-    def _allocate_norms(self, problem, norms) -> Allocation:
-        start = time.perf_counter()
+            norms = _check_norms(norms, problem.num_prompts)
         w = gvm_weights(problem.success_probs, norms, alpha=self.alpha, beta=self.beta)
-        return _finish(self, problem, InverseCountCost(w * w), start)
+        return InverseCountCost(w * w)
 
-    def _options(self) -> dict[str, Any]:
-        return {"alpha": self.alpha, "beta": self.beta, "gradient_norms": self.gradient_norms,
-                **super()._options()}
+
+def _check_norms(gradient_norms, m: int | None) -> np.ndarray:
+    g = np.asarray(gradient_norms, dtype=np.float64)
+    if g.ndim != 1 or (m is not None and g.shape[0] != m):
+        raise SeraOptError(
+            f"gradient_norms must be 1-D with one entry per prompt"
+            f"{'' if m is None else f' ({m})'}, got shape {g.shape}."
+        )
+    bad = ~np.isfinite(g) | (g < 0)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise SeraOptError(
+            f"gradient_norms must be finite and >= 0, got {g[i]!r} at index {i}."
+        )
+    g.setflags(write=False)
+    return g
+
+
+def _finite_float(value, name: str, *, minimum: float | None = None) -> float:
+    if isinstance(value, (bool, np.bool_)):
+        raise SeraOptError(f"{name} must be a finite number, got {value!r}.")
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        raise SeraOptError(f"{name} must be a finite number, got {value!r}.") from None
+    if not np.isfinite(out) or (minimum is not None and out < minimum):
+        bound = "" if minimum is None else f" and >= {minimum:g}"
+        raise SeraOptError(f"{name} must be finite{bound}, got {value!r}.")
+    return out

@@ -1,4 +1,10 @@
-"""The solver interface and its registry (cvxpy-style capability flags)."""
+"""The solver interface and its registry (cvxpy-style capability flags).
+
+A solver here solves SERA's problem, the lexicographic max-min of the levels
+``a_i (n_i - c)`` (THEORY.md section 3); :class:`~sera_opt.SERAPolicy` and
+:func:`sera_opt.allocate` choose one by name. Other policies solve their own
+objectives in the separable engine (:mod:`sera_opt.solvers.separable`).
+"""
 
 from __future__ import annotations
 
@@ -6,13 +12,13 @@ import importlib.util
 import time
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
 
 from .._registry import Registry
-from ..exceptions import MissingDependencyError, SeraOptError, SeraOptWarning
+from ..exceptions import MissingDependencyError, SeraOptError, SeraOptWarning, SolverError
 from ..problem import AllocationProblem
 from ..result import Allocation
 
@@ -29,20 +35,26 @@ SOLVERS = Registry("solver")
 
 
 class Solver(ABC):
-    """A method that solves an :class:`~sera_opt.AllocationProblem`.
+    """A method that solves an :class:`~sera_opt.AllocationProblem` for SERA.
 
-    Subclasses set the class attributes below and implement :meth:`_solve`.
+    Subclasses set the class attributes below and implement :meth:`_solve`,
+    which returns an :class:`~sera_opt.Allocation` of the problem it was given.
 
     Attributes
     ----------
     name : str
         Registry key, e.g. ``"waterline"``.
-    integer : bool
-        Whether the returned counts are the solver's own integer solution.
     exact : bool
-        Whether the integer solution is certified lexicographically max-min optimal.
+        Whether the counts are certified lexicographically max-min optimal. The
+        optimality tests run every registered solver flagged exact against brute
+        force by itself.
+    relaxation : bool
+        Whether the solver also returns the continuous relaxation
+        (``Allocation.continuous`` and ``.waterline``); the conformance tests check
+        that it does, and that the others leave them None.
     requires : tuple of str
-        Importable modules the solver needs (checked before solving).
+        Importable modules the solver needs (checked before solving, and by
+        :func:`available_solvers`).
     options : frozenset of str
         Keyword options :meth:`solve` understands; others are warned about.
     preference : int
@@ -51,8 +63,8 @@ class Solver(ABC):
 
     name: ClassVar[str]
     preference: ClassVar[int] = 100
-    integer: ClassVar[bool] = True
     exact: ClassVar[bool] = True
+    relaxation: ClassVar[bool] = False
     requires: ClassVar[tuple[str, ...]] = ()
     options: ClassVar[frozenset[str]] = frozenset()
 
@@ -61,24 +73,36 @@ class Solver(ABC):
         """True when every module in :attr:`requires` can be imported."""
         return all(importlib.util.find_spec(m) is not None for m in cls.requires)
 
+    def check_options(self, options: Mapping[str, Any], *, stacklevel: int = 2) -> dict[str, Any]:
+        """The options this solver understands; a :class:`SeraOptWarning` for each other."""
+        for key in sorted(set(options) - self.options):
+            warnings.warn(
+                f"solver {self.name!r} ignores the option {key!r}; it understands "
+                f"{sorted(self.options) or 'no options'}.",
+                SeraOptWarning,
+                stacklevel=stacklevel + 1,
+            )
+        return {k: v for k, v in options.items() if k in self.options}
+
     def solve(self, problem: AllocationProblem, **options: Any) -> Allocation:
-        """Solve ``problem`` and return an :class:`~sera_opt.Allocation`."""
+        """Solve ``problem`` and return an :class:`~sera_opt.Allocation` of it."""
         missing = [m for m in self.requires if importlib.util.find_spec(m) is None]
         if missing:
             raise MissingDependencyError(
                 f"solver {self.name!r} needs {', '.join(missing)}; install it with "
                 f"`pip install {' '.join(missing)}` or choose another solver."
             )
-        unknown = sorted(set(options) - self.options)
-        for key in unknown:
-            warnings.warn(
-                f"solver {self.name!r} ignores the option {key!r}; it understands "
-                f"{sorted(self.options) or 'no options'}.",
-                SeraOptWarning,
-                stacklevel=3,
+        known = self.check_options(options, stacklevel=2)
+        out = self._solve(problem, **known)
+        if not isinstance(out, Allocation):
+            raise SolverError(
+                f"solver {self.name!r} returned {type(out).__name__}, not an Allocation."
             )
-        known = {k: v for k, v in options.items() if k in self.options}
-        return self._solve(problem, **known)
+        if out.problem is not problem:
+            # A result for another problem object: rebuilt (and so checked) on this one.
+            out = Allocation(problem, out.counts, solver=out.solver or self.name,
+                             status=out.status, wall_time=out.wall_time)
+        return out
 
     @abstractmethod
     def _solve(self, problem: AllocationProblem, **options: Any) -> Allocation:
@@ -89,12 +113,18 @@ class Solver(ABC):
 
 
 class CallableSolver(Solver):
-    """Wraps a user function ``f(problem) -> counts or Allocation`` as a solver."""
+    """Wraps a user function ``f(problem) -> counts or Allocation`` as a solver.
 
-    integer = True
+    Whatever the function returns, the result is rebuilt from its counts on the
+    problem it was given (so the factors and levels follow from the counts) and
+    rejected with :class:`SeraOptError` if the counts are not feasible.
+    """
+
     exact = False
 
     def __init__(self, func: Callable[[AllocationProblem], Any], name: str | None = None):
+        if not callable(func):
+            raise SeraOptError(f"a solver function must be callable, got {func!r}.")
         self.func = func
         self.name = name or getattr(func, "__name__", "callable")
 
@@ -102,13 +132,12 @@ class CallableSolver(Solver):
         start = time.perf_counter()
         out = self.func(problem)
         elapsed = time.perf_counter() - start
-        if isinstance(out, Allocation):
-            problem.check_counts(out.counts)
-            return out
-        return Allocation.from_counts(
-            problem, np.asarray(out), solver=self.name, wall_time=elapsed,
-            status="user solver",
-        )
+        counts = out.counts if isinstance(out, Allocation) else np.asarray(out)
+        return Allocation(problem, counts, solver=self.name, wall_time=elapsed,
+                          status="user solver")
+
+    def __repr__(self) -> str:
+        return f"CallableSolver({self.func!r}, name={self.name!r})"
 
 
 def register_solver(cls=None, *, name: str | None = None, replace: bool = False):
@@ -135,3 +164,8 @@ def get_solver(solver) -> Solver:
 def available_solvers() -> tuple[str, ...]:
     """Registered solver names whose dependencies are installed, in preference order."""
     return tuple(n for n in SOLVERS.names() if SOLVERS.lookup(n).is_available())
+
+
+def is_registered(solver: Solver) -> bool:
+    """Whether ``solver`` is an instance of the class registered under its name."""
+    return solver.name in SOLVERS and type(solver) is SOLVERS.lookup(solver.name)

@@ -3,54 +3,51 @@
 from __future__ import annotations
 
 import heapq
-import math
 import time
 
 import numpy as np
 
 from ..problem import AllocationProblem
 from ..result import Allocation
+from . import _tiers
 from .base import Solver, register_solver
+from .separable import PointLevels
 
-__all__ = ["GreedySolver", "greedy_counts", "level_key"]
+__all__ = ["GreedySolver", "greedy_counts", "greedy_increments"]
 
 
-def level_key(rate: float, m: int) -> tuple[float, int]:
-    """Order key of a prompt's level ``rate * m`` with the limit order at p = 0 and p = 1.
-
-    ``p = 0`` (rate 0) ranks below every positive level and ``p = 1`` (rate inf)
-    above every finite one; within each, by ``m``.
-    """
-    if rate == 0.0:
-        return (0.0, m)
-    if math.isinf(rate):
-        return (math.inf, m)
-    return (rate * m, 0)
+def greedy_increments(rates, m_lo, cap, extra: int) -> np.ndarray:
+    """Start every prompt at ``m_lo`` effective rollouts, then repeatedly give one
+    rollout to the prompt with the lowest level ``rate * m`` among those with
+    room left. Ties go to the larger rate (its next level is the higher one),
+    then to the lower index. ``rates`` are finite and positive."""
+    rates = [float(r) for r in rates]
+    level = [int(m) for m in m_lo]
+    room = [int(c) for c in cap]
+    inc = [0] * len(rates)
+    heap = [(rates[i] * level[i], -rates[i], i) for i in range(len(rates)) if room[i] > 0]
+    heapq.heapify(heap)
+    for _ in range(extra):
+        _, _, i = heapq.heappop(heap)
+        inc[i] += 1
+        if inc[i] < room[i]:
+            heapq.heappush(heap, (rates[i] * (level[i] + inc[i]), -rates[i], i))
+    return np.asarray(inc, dtype=np.int64)
 
 
 def greedy_counts(problem: AllocationProblem) -> np.ndarray:
-    """Start every prompt at its minimum, then repeatedly give one rollout to the
-    prompt with the lowest level among those below their maximum.
+    """SERA's integer optimum by the one-at-a-time greedy, with the edge order of
+    :mod:`sera_opt.solvers._tiers`."""
+    rates = problem.rates
+    lo = problem.min_rollouts
+    m_lo = lo - problem.offset
+    cap = problem.max_rollouts - lo
 
-    Ties go to the larger rate (its next level is the higher one), then to the
-    lower index.
-    """
-    rates = problem.rates.tolist()
-    counts = problem.min_rollouts.tolist()
-    hi = problem.max_rollouts.tolist()
-    c = problem.offset
-    heap = [
-        (*level_key(rates[i], counts[i] - c), -rates[i], i)
-        for i in range(len(counts))
-        if counts[i] < hi[i]
-    ]
-    heapq.heapify(heap)
-    for _ in range(problem.spare_budget):
-        *_, i = heapq.heappop(heap)
-        counts[i] += 1
-        if counts[i] < hi[i]:
-            heapq.heappush(heap, (*level_key(rates[i], counts[i] - c), -rates[i], i))
-    return np.asarray(counts, dtype=np.int64)
+    def finite(idx, take):
+        return greedy_increments(rates[idx], m_lo[idx], cap[idx], take)
+
+    return lo + _tiers.fill_tiers(m_lo, cap, problem.spare_budget, rates == 0, np.isinf(rates),
+                                  finite)
 
 
 @register_solver
@@ -67,11 +64,11 @@ class GreedySolver(Solver):
 
     name = "greedy"
     preference = 2
-    integer = True
     exact = True
 
     def _solve(self, problem: AllocationProblem) -> Allocation:
         start = time.perf_counter()
         counts = greedy_counts(problem)
-        return Allocation.from_counts(problem, counts, solver=self.name,
-                                      wall_time=time.perf_counter() - start)
+        return Allocation(problem, counts, solver=self.name,
+                          wall_time=time.perf_counter() - start,
+                          objective=PointLevels.from_problem(problem))

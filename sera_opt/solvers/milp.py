@@ -11,6 +11,7 @@ from ..problem import AllocationProblem
 from ..result import Allocation
 from ._tiers import fill_tiers
 from .base import Solver, register_solver
+from .separable import PointLevels
 
 __all__ = ["MILPSolver"]
 
@@ -176,7 +177,6 @@ class MILPSolver(Solver):
 
     name = "milp"
     preference = 1
-    integer = True
     exact = True
     requires = ("cvxpy",)
     options = frozenset({"milp_solver"})
@@ -184,10 +184,16 @@ class MILPSolver(Solver):
     def _solve(self, problem: AllocationProblem, milp_solver: str | None = None) -> Allocation:
         solver = _pick_solver(milp_solver)
         start = time.perf_counter()
+        rates = problem.rates
+        lo = problem.min_rollouts
+        m_lo = lo - problem.offset
+        cap = problem.max_rollouts - lo
 
-        def fill(rates, m_lo, cap, extra):
-            return _lexicographic_tier(rates, m_lo, cap, extra, solver)
+        def finite(idx, take):
+            return _lexicographic_tier(rates[idx], m_lo[idx], cap[idx], take, solver)
 
-        counts, _ = fill_tiers(problem, fill)
-        return Allocation.from_counts(problem, counts, solver=self.name,
-                                      wall_time=time.perf_counter() - start)
+        counts = lo + fill_tiers(m_lo, cap, problem.spare_budget, rates == 0, np.isinf(rates),
+                                 finite)
+        return Allocation(problem, counts, solver=self.name,
+                          wall_time=time.perf_counter() - start,
+                          objective=PointLevels.from_problem(problem))

@@ -1,4 +1,10 @@
-"""The waterline solver: closed-form relaxation plus exact integer allocation (numba)."""
+"""The waterline solver: closed-form relaxation plus exact integer allocation (numba).
+
+This is SERA's fast path in the separable engine: the objective is
+:class:`~sera_opt.solvers.separable.PointLevels`, the edges go through
+:mod:`~sera_opt.solvers._tiers`, and the ordinary prompts through the waterline
+kernels.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +14,9 @@ import numpy as np
 
 from ..problem import AllocationProblem
 from ..result import Allocation
-from ._tiers import fill_tiers
+from . import _tiers
 from .base import Solver, register_solver
+from .separable import PointLevels, _solve
 
 __all__ = ["WaterlineSolver", "continuous_waterline", "integer_waterline"]
 
@@ -22,11 +29,27 @@ def continuous_waterline(problem: AllocationProblem) -> tuple[np.ndarray, float]
     locates the piece that contains the root and solves that piece's line in
     closed form, so the result is exact up to one rounding of the final
     division (no tolerance loop). Prompts with ``p = 0`` / ``p = 1`` follow the
-    limit order described in :mod:`sera_opt.solvers._tiers`.
+    limit order of :mod:`sera_opt.solvers._tiers`.
     """
     from ._waterline_kernels import continuous_fill
 
-    return fill_tiers(problem, continuous_fill, continuous=True)
+    rates = problem.rates
+    lo, c = problem.min_rollouts, problem.offset
+    m_lo = lo - c
+    cap = problem.max_rollouts - lo
+
+    def finite(idx, take):
+        return continuous_fill(np.ascontiguousarray(rates[idx]), np.ascontiguousarray(m_lo[idx]),
+                               np.ascontiguousarray(cap[idx]), float(take))
+
+    def lowest_level():
+        # With no spare budget every level at or below the lowest one solves the
+        # relaxation; report the lowest.
+        return float(PointLevels.from_problem(problem).terms(lo).min())
+
+    level, inc = _tiers.fill_tiers(m_lo, cap, problem.spare_budget, rates == 0, np.isinf(rates),
+                                   finite, continuous=True, finite_level=lowest_level)
+    return lo + inc, float(level)
 
 
 def integer_waterline(problem: AllocationProblem, hint: float = float("nan")) -> np.ndarray:
@@ -39,13 +62,10 @@ def integer_waterline(problem: AllocationProblem, hint: float = float("nan")) ->
     per pass, a few passes. ``hint``, the continuous waterline level, is a
     good starting point for that search (it only affects speed).
     """
-    from ._waterline_kernels import integer_fill
-
-    def fill(rates, m_lo, cap, extra):
-        return integer_fill(rates, m_lo, cap, extra, hint)
-
-    counts, _ = fill_tiers(problem, fill)
-    return counts
+    objective = PointLevels.from_problem(problem, hint=hint)
+    lo = problem.min_rollouts
+    return _solve(objective, lo, problem.max_rollouts, problem.spare_budget,
+                  np.zeros(4, dtype=np.int64))
 
 
 @register_solver
@@ -71,8 +91,8 @@ class WaterlineSolver(Solver):
 
     name = "waterline"
     preference = 0
-    integer = True
     exact = True
+    relaxation = True
     requires = ("numba",)
     options = frozenset({"continuous"})
 
@@ -82,5 +102,6 @@ class WaterlineSolver(Solver):
         # The integer threshold lies just below the relaxation's level.
         counts = integer_waterline(problem, float("nan") if level is None else level)
         elapsed = time.perf_counter() - start
-        return Allocation.from_counts(problem, counts, solver=self.name, wall_time=elapsed,
-                                      continuous=relaxed, waterline=level)
+        return Allocation._trusted(problem, counts, solver=self.name, wall_time=elapsed,
+                                   objective=PointLevels.from_problem(problem),
+                                   continuous=relaxed, waterline=level)
