@@ -7,21 +7,32 @@ each experiment is a subpackage (``alignment``, ``maze``, ``arithmetic``) with
 its task, model, training and runner. Results go to ``--out`` as
 ``NAME.json`` (machine-readable, with the machine's description) and
 ``NAME.png``.
+
+The experiments share two more pieces here: the arm specifications of their
+command lines (``name`` or ``name:key=value[:key=value...]``, see
+:func:`parse_arms`) and the statistics of their paired comparisons
+(:func:`paired_difference`, :func:`mean_interval`).
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
+import math
 import os
 import platform
 import sys
 import time
-from collections.abc import Callable, Iterable
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from sera_opt.exceptions import SeraOptError, SeraOptWarning
 
 __all__ = [
     "common_parser",
@@ -33,6 +44,21 @@ __all__ = [
     "pass_at_k",
     "pass_at_k_curve",
     "run_command",
+    "ArmSpec",
+    "ArmSpecError",
+    "RESERVED_OPTIONS",
+    "arm_policy_name",
+    "parse_arm",
+    "parse_arms",
+    "check_arms",
+    "arm_colors",
+    "INTERVAL_KS",
+    "paired_difference",
+    "paired_difference_at",
+    "mean_interval",
+    "format_interval",
+    "paired_table",
+    "plot_paired",
 ]
 
 DEFAULT_OUT = Path("benchmark-results")
@@ -198,10 +224,394 @@ def pass_at_k_curve(successes, num_samples: int, k_max: int) -> np.ndarray:
 def run_command(name: str, main: Callable[[list[str]], int], argv: list[str] | None = None) -> int:
     """Run a benchmark's ``main`` as a command: a :class:`~sera_opt.SeraOptError` becomes one
     line on stderr and exit status 2, as under ``sera-opt bench NAME``."""
-    from sera_opt.exceptions import SeraOptError
-
     try:
         return int(main(sys.argv[1:] if argv is None else argv) or 0)
     except SeraOptError as exc:
         print(f"sera-opt bench {name}: error: {exc}", file=sys.stderr)
         return 2
+
+
+# --------------------------------------------------------------------------- arm specifications
+
+
+class ArmSpecError(SeraOptError):
+    """An arm specification of an experiment's command line is malformed or names a policy
+    or option that does not exist."""
+
+
+#: Options an experiment sets for every arm alike; an arm cannot override them.
+RESERVED_OPTIONS = frozenset({"min_rollouts", "max_rollouts", "offset"})
+
+
+@dataclass(frozen=True)
+class ArmSpec:
+    """One arm of an experiment: a registered policy and its options.
+
+    Attributes
+    ----------
+    label : str
+        The specification as written (``"sera-fair:alpha=1"``); the arm's name in
+        the results, tables and plots.
+    policy : str
+        The registered policy name (``"sera-fair"``).
+    options : tuple of (str, value) pairs
+        The options given after the name, in order.
+    """
+
+    label: str
+    policy: str
+    options: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return dict(self.options)
+
+    def build(self, *, min_rollouts, max_rollouts, offset: int):
+        """``sera_opt.get_policy(policy, **options)`` with the experiment's bounds and offset.
+
+        A ``max_ratio`` option is refused when the experiment gives a cap: the
+        policy would never use it (it only sets the cap when none is given).
+        """
+        import sera_opt
+
+        options = self.kwargs
+        if "max_ratio" in options and max_rollouts is not None:
+            raise ArmSpecError(
+                f"arm {self.label!r}: max_ratio has no effect here, because this experiment caps "
+                f"every arm at max_rollouts={max_rollouts}; change the common cap instead.")
+        try:
+            with warnings.catch_warnings():
+                # An option the policy or its solver would ignore is an error in an arm.
+                warnings.simplefilter("error", SeraOptWarning)
+                return sera_opt.get_policy(self.policy, **options, min_rollouts=min_rollouts,
+                                           max_rollouts=max_rollouts, offset=offset)
+        except (SeraOptError, SeraOptWarning, TypeError, ValueError) as exc:
+            raise ArmSpecError(f"arm {self.label!r}: {_one_line(exc)}") from None
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+def _split_top_level(text: str, separator: str) -> list[str]:
+    """Split ``text`` at ``separator`` outside quotes and brackets (so that a value may be
+    a tuple or a quoted string holding the separator)."""
+    parts, depth, quote, start = [], 0, None, 0
+    for i, char in enumerate(text):
+        if quote:
+            if char == quote:
+                quote = None
+        elif char in "'\"":
+            quote = char
+        elif char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth -= 1
+        elif char == separator and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    if quote or depth:
+        raise ArmSpecError(f"unbalanced quotes or brackets in {text!r}.")
+    parts.append(text[start:])
+    return parts
+
+
+_INFINITIES = {"inf": math.inf, "+inf": math.inf, "-inf": -math.inf}
+
+
+def _parse_value(text: str, key: str, spec: str) -> Any:
+    if text in _INFINITIES:
+        return _INFINITIES[text]
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        raise ArmSpecError(
+            f"arm {spec!r}: the value {text!r} of option {key!r} is not a Python literal (a "
+            f"number, inf, None, True, False, or a quoted string such as {key}='{text}')."
+        ) from None
+
+
+def arm_policy_name(text: str) -> str:
+    """The policy name of an arm specification: what comes before its first ``:``."""
+    return _split_top_level(str(text).strip(), ":")[0].strip()
+
+
+def parse_arm(text: str, *, available: Iterable[str] | None = None) -> ArmSpec:
+    """Parse ``name`` or ``name:key=value[:key=value...]`` into an :class:`ArmSpec`.
+
+    Values are Python literals (``2``, ``0.5``, ``1e-3``, ``None``, ``True``,
+    ``'milp'``) or ``inf`` / ``-inf``. The name must be a registered policy and
+    a key may appear once; the bounds and the offset belong to the experiment
+    (:data:`RESERVED_OPTIONS`). Raises :class:`ArmSpecError` with a one-line
+    message otherwise. Whether the policy takes the options is checked when it
+    is built (:meth:`ArmSpec.build`, :func:`check_arms`). ``available`` replaces
+    the registry's names as the known policies (for tests of the callers).
+    """
+    import sera_opt
+
+    known = tuple(sera_opt.available_policies() if available is None else available)
+    if not isinstance(text, str):
+        raise ArmSpecError(f"an arm is given as a string such as 'sera:max_ratio=2', got {text!r}.")
+    label = text.strip()
+    if not label:
+        raise ArmSpecError("empty arm specification (two commas in a row, or a trailing comma?).")
+    name, *items = [part.strip() for part in _split_top_level(label, ":")]
+    if name not in known:
+        raise ArmSpecError(
+            f"arm {label!r}: unknown policy {name!r}; registered policies: {', '.join(known)}.")
+    options: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not key.isidentifier() or not value:
+            raise ArmSpecError(
+                f"arm {label!r}: {item!r} is not of the form key=value "
+                f"(write e.g. 'sera:max_ratio=2' or 'vip:gamma=0.001').")
+        if key in options:
+            raise ArmSpecError(f"arm {label!r}: option {key!r} is given twice.")
+        if key in RESERVED_OPTIONS:
+            raise ArmSpecError(
+                f"arm {label!r}: {key} is set by the experiment for every arm alike "
+                f"({', '.join(sorted(RESERVED_OPTIONS))}); it cannot differ between arms.")
+        options[key] = _parse_value(value, key, label)
+    return ArmSpec(label=label, policy=name, options=tuple(options.items()))
+
+
+def parse_arms(arms: str | Sequence[str | ArmSpec]) -> tuple[ArmSpec, ...]:
+    """Parse a comma-separated list of arm specifications (or a sequence of them).
+
+    Commas inside quotes or brackets do not separate arms. Two arms with the
+    same label, or with the same policy and options, are refused.
+    """
+    if isinstance(arms, str):
+        arms = _split_top_level(arms, ",")
+    specs = tuple(a if isinstance(a, ArmSpec) else parse_arm(a) for a in arms)
+    seen: dict[Any, str] = {}
+    for spec in specs:
+        # Options in any order, 1 and 1.0 alike: the same policy is the same arm.
+        same = (spec.policy, tuple(sorted((k, repr(float(v)) if isinstance(v, (int, float))
+                                            else repr(v)) for k, v in spec.options)))
+        for key in (spec.label, same):
+            if key in seen:
+                raise ArmSpecError(
+                    f"arms {seen[key]!r} and {spec.label!r} are the same policy with the same "
+                    f"options; give each arm once.")
+            seen[key] = spec.label
+    return specs
+
+
+def check_arms(arms, *, min_rollouts, max_rollouts, offset: int, num_prompts: int,
+               budget: int) -> tuple[ArmSpec, ...]:
+    """Parse ``arms`` and prove that each builds and allocates with the experiment's settings.
+
+    Each policy is built with the experiment's bounds and offset and run once on
+    a small problem of ``num_prompts`` prompts (probabilities spread over (0, 1))
+    and ``budget`` rollouts, with the library's warnings raised as errors, so an
+    option that the policy or its solver would ignore is refused here, before
+    any training starts, rather than warned about at every step.
+    """
+    specs = parse_arms(arms)
+    success_probs = np.linspace(0.02, 0.98, num_prompts)
+    for spec in specs:
+        policy = spec.build(min_rollouts=min_rollouts, max_rollouts=max_rollouts, offset=offset)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", SeraOptWarning)
+                policy.allocate(success_probs, budget)
+        except (SeraOptError, SeraOptWarning, TypeError) as exc:
+            raise ArmSpecError(f"arm {spec.label!r}: {_one_line(exc)}") from None
+    return specs
+
+
+#: Colours of the policies' bare names; other arms get the next free ones.
+POLICY_COLORS = {"uniform": "tab:blue", "sera": "tab:red", "knapsack": "tab:green",
+                 "hora": "tab:orange", "vip": "tab:purple", "gvm": "tab:brown",
+                 "sera-bayes": "tab:pink"}
+_SPARE_COLORS = ("tab:cyan", "tab:olive", "tab:gray", "#17becf80", "#393b79", "#637939",
+                 "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d", "#31a354")
+
+
+def arm_colors(labels: Iterable[str], fixed: dict[str, str] | None = None) -> dict[str, str]:
+    """A distinct colour per arm label: ``fixed`` (default :data:`POLICY_COLORS`) for the
+    labels it names, then colours that none of the fixed ones uses, in order."""
+    fixed = POLICY_COLORS if fixed is None else fixed
+    used = set(fixed.values())
+    spare = iter([c for c in _SPARE_COLORS if c not in used])
+    out = {}
+    for label in labels:
+        if label in fixed:
+            out[label] = fixed[label]
+        else:
+            out[label] = next(spare, "0.3")
+    return out
+
+
+# --------------------------------------------------------------------------- paired statistics
+
+
+#: The k of pass@k at which the experiments report the paired difference to uniform.
+INTERVAL_KS = (1, 16, 64)
+
+
+def _t_interval(values: np.ndarray, confidence: float, unit: str = "seed") -> dict[str, Any]:
+    """Mean, sample sd, t interval and t test of the mean against 0, along axis 0, over the
+    finite entries of each column."""
+    from scipy import stats
+
+    if not 0 < confidence < 1:
+        raise SeraOptError(f"confidence must lie in (0, 1), got {confidence!r}.")
+    values = np.asarray(values, dtype=np.float64)
+    if values.ndim == 0 or values.shape[0] == 0:
+        raise SeraOptError("an interval needs at least one observation (one row per seed).")
+    valid = np.isfinite(values)
+    n = valid.sum(axis=0)
+    filled = np.where(valid, values, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mean = np.where(n > 0, filled.sum(axis=0) / n, np.nan)
+        squares = np.where(valid, (values - mean) ** 2, 0.0).sum(axis=0)
+        std = np.where(n > 1, np.sqrt(squares / (n - 1)), np.nan)
+        df = np.where(n > 1, n - 1, np.nan)
+        half = stats.t.ppf(0.5 + confidence / 2, df) * std / np.sqrt(n)
+        # scipy.stats.ttest_rel's statistic: +-inf when every difference is the same
+        # non-zero number, NaN when they are all zero.
+        statistic = mean / (std / np.sqrt(n))
+    p_value = 2.0 * stats.t.sf(np.abs(statistic), df)
+    note = None
+    if np.any(n < 2):
+        note = (f"fewer than two {unit}s (or finite values): the interval and the p-value "
+                "are undefined (NaN)")
+    scalar = values.ndim == 1
+    pick = (lambda a: a.item()) if scalar else (lambda a: a)
+    return {"n": pick(n), "mean": pick(mean), "std": pick(std), "ci_low": pick(mean - half),
+            "ci_high": pick(mean + half), "statistic": pick(statistic),
+            "p_value": pick(p_value), "confidence": confidence, "note": note}
+
+
+def paired_difference(candidate, baseline, *, confidence: float = 0.95,
+                      unit: str = "seed") -> dict[str, Any]:
+    """The paired comparison of ``candidate`` with ``baseline`` over seeds (or another
+    ``unit`` of pairing, such as the alignment benchmark's batches).
+
+    Parameters
+    ----------
+    candidate, baseline : array_like, shape (seeds,) or (seeds, K)
+        One row per seed, the same seed in the same row (e.g. pass@k for
+        k = 1..K).
+
+    Returns
+    -------
+    dict
+        Per column: ``mean`` of the per-seed differences ``candidate - baseline``,
+        its ``confidence`` interval ``[ci_low, ci_high]`` from a paired t over
+        seeds (Student's t with ``n - 1`` degrees of freedom), the two-sided
+        ``p_value`` of the paired t test (``scipy.stats.ttest_rel``), the sample
+        ``std`` of the differences, and the numbers of seeds ``ahead``
+        (difference > 0), ``behind`` (< 0) and ``tied`` (= 0). With one seed the
+        interval, ``std`` and ``p_value`` are NaN and ``note`` says why; when
+        every seed's difference is the same number the interval has width 0
+        (that is what the data say, not a default). NaN entries (an empty group)
+        are left out of their column.
+    """
+    candidate = np.asarray(candidate, dtype=np.float64)
+    baseline = np.asarray(baseline, dtype=np.float64)
+    if candidate.shape != baseline.shape:
+        raise SeraOptError(
+            f"paired rows need equal shapes; got {candidate.shape} and {baseline.shape}.")
+    diff = candidate - baseline
+    out = _t_interval(diff, confidence, unit)
+    finite = np.isfinite(diff)
+    scalar = diff.ndim == 1
+    for key, mask in (("ahead", diff > 0), ("behind", diff < 0), ("tied", diff == 0)):
+        count = (mask & finite).sum(axis=0)
+        out[key] = count.item() if scalar else count
+    out["test"] = f"paired t over {unit}s, two-sided"
+    return out
+
+
+def paired_difference_at(paired: dict[str, Any], ks: Iterable[int]) -> dict[str, dict[str, Any]]:
+    """``{"pass@k": {...}}``: the columns ``k - 1`` of a :func:`paired_difference` of pass@k
+    curves, as scalars; a k beyond the curve is left out."""
+    out = {}
+    width = np.shape(paired["mean"])[0]
+    for k in ks:
+        if 1 <= k <= width:
+            row = {key: (value[k - 1].item() if isinstance(value, np.ndarray) else value)
+                   for key, value in paired.items()}
+            if row["n"] >= 2:
+                row["note"] = None
+            out[f"pass@{k}"] = row
+    return out
+
+
+def mean_interval(values, *, confidence: float = 0.95, unit: str = "seed") -> dict[str, Any]:
+    """Mean of ``values`` along axis 0 with its ``confidence`` t interval (``n - 1`` degrees
+    of freedom, one value per ``unit``); NaN interval and a ``note`` with fewer than two."""
+    out = _t_interval(values, confidence, unit)
+    for key in ("statistic", "p_value"):
+        out.pop(key)
+    return out
+
+
+def format_interval(mean: float, low: float, high: float) -> str:
+    """``+0.012 [-0.004, +0.028]``, or ``+0.012 [no interval]`` when it is undefined."""
+    if not (np.isfinite(low) and np.isfinite(high)):
+        return f"{mean:+.3f} [no interval]"
+    return f"{mean:+.3f} [{low:+.3f}, {high:+.3f}]"
+
+
+def paired_table(paired_at: dict[str, dict[str, dict[str, Any]]], *,
+                 baseline: str = "uniform", unit: str = "seed") -> str:
+    """The paired differences to the baseline as a table: one row per arm, one column per k.
+
+    ``paired_at[arm]`` is a :func:`paired_difference_at` result. A cell reads
+    ``mean [95 % interval] p=... ahead/behind/tied``.
+    """
+    if not paired_at:
+        return f"(no arm besides {baseline})"
+    ks = list(next(iter(paired_at.values())))
+    width = max(11, *(len(arm) + 1 for arm in paired_at))
+    first = next(iter(next(iter(paired_at.values())).values()))
+    level = f"{first['confidence']:.0%}".replace("%", " %")
+    lines = [f"minus {baseline}'s value on the same {unit}: mean [{level} interval, paired t over "
+             f"{unit}s] p-value ({unit}s ahead/behind/tied)",
+             "arm".ljust(width) + "".join(f"  {k:<40s}" for k in ks)]
+    notes = set()
+    for arm, row in paired_at.items():
+        cells = []
+        for k in ks:
+            c = row[k]
+            p = "p=n/a  " if not np.isfinite(c["p_value"]) else f"p={c['p_value']:.3f}"
+            cells.append(f"  {format_interval(c['mean'], c['ci_low'], c['ci_high'])} {p} "
+                         f"({c['ahead']}/{c['behind']}/{c['tied']})".ljust(42))
+            if c.get("note"):
+                notes.add(c["note"])
+        lines.append(f"{arm:<{width}s}" + "".join(cells).rstrip())
+    lines += [f"note: {note}" for note in sorted(notes)]
+    return "\n".join(lines)
+
+
+def plot_paired(ax, ks, paired: dict[str, dict[str, Any]], colors: dict[str, str], *,
+                seeds: int, baseline: str = "uniform") -> None:
+    """Draw each arm's mean paired difference to the baseline over k, with its interval band.
+
+    ``paired[arm]`` is a :func:`paired_difference` of pass@k curves. With fewer
+    than two seeds there is no band, and the title says so.
+    """
+    level = "95 %"
+    for arm, d in paired.items():
+        level = f"{d['confidence']:.0%}".replace("%", " %")
+        ax.plot(ks, d["mean"], color=colors.get(arm), label=arm)
+        low, high = np.asarray(d["ci_low"]), np.asarray(d["ci_high"])
+        if np.isfinite(low).any():
+            ax.fill_between(ks, low, high, color=colors.get(arm), alpha=0.15)
+    ax.axhline(0.0, color="0.3", linewidth=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("k")
+    ax.set_ylabel(f"pass@k minus {baseline}'s (same seed)")
+    if seeds < 2:
+        ax.set_title(f"paired difference to {baseline} (one seed: no interval)")
+    else:
+        ax.set_title(f"paired difference to {baseline}, {level} interval (paired t, {seeds} "
+                     "seeds)")
+    if paired:
+        ax.legend(fontsize=8)

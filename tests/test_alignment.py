@@ -12,10 +12,12 @@ alignment`` on a tiny configuration.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from tests.markers import has_module
 
@@ -279,18 +281,104 @@ def test_build_methods_skips_unregistered_peers():
         assert f"sera/true/corrected/uncapped c={c}" in keys
 
 
+def test_build_methods_takes_peer_specifications():
+    config = replace(al.QUICK, peers=("sera-fair:alpha=1", "no-such:alpha=1", "vip:gamma=0.001",
+                                      "vip"))
+    methods, notes = al.build_methods(config, ("sera", "uniform", "vip", "sera-fair"))
+    assert any("'no-such'" in n and "skipped" in n for n in notes)
+    keys = {m.key for m in methods}
+    for c in (0, 1):
+        assert f"sera-fair:alpha=1/tracker/corrected c={c}" in keys
+        assert f"vip:gamma=0.001/tracker/uncorrected c={c}" in keys
+        assert f"vip/tracker/corrected c={c}" in keys
+    with pytest.raises(al._harness.ArmSpecError, match="key=value"):
+        al.build_methods(replace(al.QUICK, peers=("vip:gamma",)), ("sera", "uniform", "vip"))
+
+
+def test_peer_policies_get_their_options_and_the_common_bounds():
+    vip = al._make_policy("vip:gamma=0.1", min_rollouts=2, max_rollouts=16, offset=1)
+    assert (vip.name, vip.gamma, vip.min_rollouts, vip.max_rollouts, vip.offset) == (
+        "vip", 0.1, 2, 16, 1)
+    hora = al._make_policy("hora:prior_strength=inf", min_rollouts=1, max_rollouts=8, offset=0)
+    assert math.isinf(hora.prior_strength) and hora.max_rollouts == 8
+    # "no cap" removes the policy's default cap of max_ratio x the average too
+    sera = al._make_policy("sera", min_rollouts=1, max_rollouts=None, offset=0)
+    assert sera.max_ratio is None and sera.max_rollouts is None
+
+
+@pytest.mark.parametrize("peers,match", [
+    (("no-such-policy",), "unknown policy"),
+    (("vip:bogus=1",), "bogus"),
+    (("sera:max_ratio=2",), "max_ratio has no effect"),
+    (("hora:prior_strength=-1",), "prior_strength"),
+    (("vip:gamma=0.001", "vip:gamma=1e-3"), "give each arm once"),
+])
+def test_bench_refuses_bad_peers_before_running(tmp_path, monkeypatch, peers, match):
+    def no_run(*args, **kwargs):
+        raise AssertionError("the benchmark started before the peers were checked")
+
+    monkeypatch.setattr(al, "prepare", no_run)
+    with pytest.raises(al._harness.ArmSpecError, match=match):
+        al.main(["--quick", "--peers", *peers, "--out", str(tmp_path), "--no-progress"])
+    with pytest.raises(al._harness.ArmSpecError, match=match):
+        al.demo(["--peers", *peers, "--no-progress"])
+    assert not (tmp_path / "alignment.json").exists()
+
+
+def test_intervals_across_batches_and_paired_differences_to_uniform():
+    config = replace(al.QUICK, budgets=(4,), batch_size=32, num_batches=3, draws=3,
+                     peers=("vip:gamma=0.001",), offsets=(0,))
+    payload = al.run(config, show_progress=False, log=lambda *a: None)
+    entries = {e["method"]: e for e in payload["results"]}
+    uniform = entries["uniform c=0"]
+    assert "expected_cosine_vs_uniform" not in uniform
+    compared = 0
+    for key, entry in entries.items():
+        assert entry["batch_index"] == [0, 1, 2]
+        per_batch = np.array(entry["expected_cosine_per_batch"])
+        interval = entry["expected_cosine_interval"]
+        assert interval["n"] == 3 and interval["mean"] == pytest.approx(entry["expected_cosine"])
+        low, high = stats.t.interval(0.95, 2, loc=per_batch.mean(), scale=stats.sem(per_batch))
+        assert (interval["ci_low"], interval["ci_high"]) == pytest.approx((low, high), rel=1e-12)
+        # equal draws per batch: the mean of the batch means is the mean over all draws
+        sampled = np.array(entry["sampled_cosine_per_batch"])
+        assert sampled.shape == (3,)
+        assert sampled.mean() == pytest.approx(entry["sampled_cosine"]["mean"], rel=1e-12)
+        assert entry["sampled_cosine_interval"]["mean"] == pytest.approx(sampled.mean())
+        if key == "uniform c=0":
+            continue
+        for metric, base in (("expected_cosine", uniform["expected_cosine_per_batch"]),
+                             ("sampled_cosine", uniform["sampled_cosine_per_batch"])):
+            mine = per_batch if metric == "expected_cosine" else sampled
+            d = entry[f"{metric}_vs_uniform"]
+            diff = mine - np.asarray(base)
+            assert d["n"] == 3 and d["mean"] == pytest.approx(diff.mean(), abs=1e-14)
+            assert (d["ahead"], d["behind"], d["tied"]) == (
+                (diff > 0).sum(), (diff < 0).sum(), (diff == 0).sum())
+            if diff.std() > 1e-12:
+                ref = stats.ttest_rel(mine, base)
+                assert d["p_value"] == pytest.approx(ref.pvalue, rel=1e-9)
+                compared += 1
+    assert compared >= 4  # the methods really differ from uniform, so the checks compared
+    assert "vip:gamma=0.001/tracker/corrected c=0" in entries
+
+
 TINY = replace(al.QUICK, budgets=(2, 8), batch_size=64, num_batches=1, draws=2, peers=al.PEERS)
 
 
 def test_run_is_reproducible_and_well_formed():
     first = al.run(TINY, show_progress=False, log=lambda *a: None)
     second = al.run(TINY, show_progress=False, log=lambda *a: None)
-    assert first["results"] == second["results"]
+    # NaN (the undefined one-batch intervals) compared as what the JSON writes, null
+    assert al._harness._jsonable(first["results"]) == al._harness._jsonable(second["results"])
     keys = {e["method"] for e in first["results"]}
     assert {"uniform c=0", "sera/tracker/corrected c=0", "sera/true/corrected c=1"} <= keys
     for entry in first["results"]:
         assert -1.0 <= entry["expected_cosine"] <= 1.0 + 1e-12
         assert entry["draws"] == TINY.draws
+        # one batch: no interval across batches, and it says so
+        assert np.isnan(entry["expected_cosine_interval"]["ci_low"])
+        assert "batch" in entry["expected_cosine_interval"]["note"]
         assert entry["sampled_cosine"]["std"] >= 0
         assert 0 <= entry["min_factor"] <= 1
     # at the budget of two rollouts a prompt with c=1, every policy is uniform
@@ -328,7 +416,9 @@ def test_bench_main_writes_json_and_plot(tmp_path, capsys):
     assert payload["benchmark"] == "alignment"
     assert "machine" in payload and payload["results"]
     assert (tmp_path / "alignment.png").stat().st_size > 10_000
-    assert "wrote" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "wrote" in out
+    assert "cosine minus uniform's on the same batch" in out and "no interval" in out
 
 
 def test_cli_dispatches_demo(tmp_path, capsys):

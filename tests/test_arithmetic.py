@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from scipy import stats  # noqa: E402
 
 from sera_opt.benchmarks import arithmetic  # noqa: E402
 from sera_opt.benchmarks.arithmetic import task  # noqa: E402
@@ -249,6 +250,17 @@ def test_config_validation():
         arithmetic.config_from_args(parser.parse_args(["--quick", "--preset", "large"]))
     cfg = arithmetic.config_from_args(parser.parse_args(["--policies", "uniform, hora"]))
     assert cfg.policies == ("uniform", "hora")
+    cfg = arithmetic.config_from_args(parser.parse_args(
+        ["--arms", "uniform,hora:prior_strength=inf,vip:gamma=0.001"]))
+    assert cfg.policies == ("uniform", "hora:prior_strength=inf", "vip:gamma=0.001")
+    for bad, match in (("uniform,no-such", "unknown policy"), ("uniform,vip:bogus=1", "bogus"),
+                       ("uniform,sera:max_ratio=2", "max_ratio has no effect"),
+                       ("uniform,sera:solver=milp", "quoted string"),
+                       ("uniform,hora,hora", "give each arm once")):
+        with pytest.raises(SeraOptError, match=match):
+            arithmetic.config_from_args(parser.parse_args(["--quick", "--arms", bad]))
+    with pytest.raises(SeraOptError, match="bogus"):
+        replace(arithmetic.PRESETS["quick"], policies=("uniform", "sera:bogus=1")).validate()
     assert arithmetic.resolve_device("cpu") == "cpu"
     with pytest.raises(SeraOptError, match="device"):
         arithmetic.resolve_device("tpu")
@@ -261,8 +273,24 @@ def _tiny(cfg_name="quick", **kw):
     return replace(arithmetic.PRESETS[cfg_name], **base)
 
 
-def test_experiment_is_reproducible_from_its_seed():
-    cfg = _tiny(policies=("uniform", "sera"))
+def test_report_arms_and_seeds():
+    assert arithmetic.PRESETS["default"].seeds == 10
+    cfg = replace(arithmetic.PRESETS["default"], policies=arithmetic.REPORT_ARMS).validate()
+    assert cfg.policies[0] == "uniform" and len(cfg.policies) == 6
+
+
+def test_experiment_is_reproducible_from_its_seed(monkeypatch):
+    import sera_opt
+
+    built = []
+
+    class RecordingPlanner(sera_opt.RolloutPlanner):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            built.append(self.policy)
+
+    monkeypatch.setattr(sera_opt, "RolloutPlanner", RecordingPlanner)
+    cfg = _tiny(policies=("uniform", "sera", "vip:gamma=0.01"), seeds=2)
     first = arithmetic.run_experiment(cfg, seed=4, show_progress=False)
     second = arithmetic.run_experiment(cfg, seed=4, show_progress=False)
     for a, b in zip(first["runs"], second["runs"]):
@@ -272,6 +300,25 @@ def test_experiment_is_reproducible_from_its_seed():
             assert pa["correct"] == pb["correct"]
             assert pa["curves"]["mean_reward"] == pb["curves"]["mean_reward"]
             assert pa["curves"]["loss"] == pb["curves"]["loss"]
+    # the arm's options and the configuration's bounds reach the planner's policy
+    vips = [p for p in built if p.name == "vip"]
+    assert len(vips) == 4 and all(p.gamma == 0.01 for p in vips)
+    assert all((p.min_rollouts, p.max_rollouts, p.offset) == (2, 32, 1) for p in built)
+    # the paired summary against scipy on the per-seed curves
+    summary = first["summary"]
+    uniform = np.array([run["policies"]["uniform"]["pass_at_k"] for run in first["runs"]])
+    for policy in ("sera", "vip:gamma=0.01"):
+        rows = np.array([run["policies"][policy]["pass_at_k"] for run in first["runs"]])
+        paired = summary[policy]["paired_vs_uniform"]
+        np.testing.assert_allclose(paired["mean"], (rows - uniform).mean(axis=0), atol=1e-15)
+        varying = (rows - uniform).std(axis=0) > 0
+        if varying.any():
+            ref = stats.ttest_rel(rows[:, varying], uniform[:, varying])
+            np.testing.assert_allclose(paired["p_value"][varying], ref.pvalue, rtol=1e-9)
+            low, high = ref.confidence_interval()
+            np.testing.assert_allclose(paired["ci_low"][varying], low, rtol=1e-9)
+            np.testing.assert_allclose(paired["ci_high"][varying], high, rtol=1e-9)
+        np.testing.assert_array_equal(paired["ahead"] + paired["behind"] + paired["tied"], 2)
 
 
 def test_quick_preset_end_to_end(tmp_path):
@@ -304,3 +351,16 @@ def test_quick_preset_end_to_end(tmp_path):
     summary = payload["summary"]
     assert set(summary["table_mean_std"]) == {"warm_start", *cfg.policies}
     assert len(summary["sera"]["difference_vs_uniform_mean"]) == 64
+    # one seed: the paired interval is undefined (null plus a note), never zero-width
+    for policy in cfg.policies:
+        if policy == "uniform":
+            assert "paired_vs_uniform" not in summary[policy]
+            continue
+        at = summary[policy]["paired_vs_uniform_at"]
+        assert set(at) == {"pass@1", "pass@16", "pass@64"}
+        diff = (np.array(run["policies"][policy]["pass_at_k"])
+                - np.array(run["policies"]["uniform"]["pass_at_k"]))
+        for k, cell in at.items():
+            kk = int(k.split("@")[1])
+            assert cell["mean"] == pytest.approx(diff[kk - 1], abs=1e-15)
+            assert cell["ci_low"] is None and cell["p_value"] is None and cell["note"]

@@ -1,14 +1,26 @@
-"""The maze experiment: generator, environment, and the quick pipeline end to end."""
+"""The maze experiment: generator, environment, and the quick pipeline end to end.
+
+Also the pieces of the shared harness that the three experiments (maze,
+arithmetic, alignment) use alike: arm specifications on the command line, the
+paired intervals of their summaries, and the comparison of result files.
+"""
 
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
 
 torch = pytest.importorskip("torch")
 
+from sera_opt.benchmarks import _harness  # noqa: E402
+from sera_opt.benchmarks.compare import compare_payloads  # noqa: E402
 from sera_opt.benchmarks.maze import env as env_mod  # noqa: E402
 from sera_opt.benchmarks.maze.env import (  # noqa: E402
     Maze,
@@ -236,18 +248,59 @@ def test_config_validation_names_the_problem():
         _tiny_config(rollouts_per_maze=12)
 
 
-def test_cli_rejects_unknown_arms_before_running(tmp_path):
+@pytest.mark.parametrize("arms,match", [
+    ("uniform,not-a-policy", "unknown policy 'not-a-policy'"),
+    ("uniform,vip:no_such_option=1", "no_such_option"),
+    ("uniform,sera:no_such_option=1", "ignores the option 'no_such_option'"),
+    ("uniform,sera:max_ratio=2", "max_ratio has no effect"),
+    ("uniform,sera:max_ratio", "key=value"),
+    ("uniform,vip:gamma=fast", "not a Python literal"),
+    ("uniform,sera:min_rollouts=4", "set by the experiment"),
+    ("uniform,sera,sera", "give each arm once"),
+    ("sera,hora", "uniform"),
+])
+def test_cli_refuses_bad_arms_before_any_training(tmp_path, monkeypatch, arms, match):
     from sera_opt.benchmarks import maze
+    from sera_opt.benchmarks.maze import train
 
-    with pytest.raises(SeraOptError, match="unknown arm"):
-        maze.main(["--quick", "--arms", "uniform,not-a-policy", "--out", str(tmp_path)])
+    def no_training(*args, **kwargs):
+        raise AssertionError("training started before the arms were checked")
+
+    monkeypatch.setattr(train, "run_seed_warmup", no_training)
+    monkeypatch.setattr(train, "run_arm", no_training)
+    with pytest.raises(SeraOptError, match=match) as info:
+        maze.main(["--quick", "--arms", arms, "--out", str(tmp_path), "--workers", "1"])
+    assert "\n" not in str(info.value)
     assert not (tmp_path / "maze.json").exists()
+
+
+def test_sera_opt_bench_reports_a_bad_arm_in_one_line(tmp_path, capsys):
+    from sera_opt.cli import main
+
+    assert main(["bench", "maze", "--quick", "--arms", "uniform,vip:gamma=-1",
+                 "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "vip:gamma=-1" in err and "gamma" in err
+    assert not (tmp_path / "maze.json").exists()
+
+
+def test_arm_planner_gets_the_options_and_the_configuration_bounds():
+    from sera_opt.benchmarks.maze import train
+
+    config = _tiny_config(arms=("uniform", "vip:gamma=0.001", "hora:prior_strength=inf"))
+    vip = train._planner("vip:gamma=0.001", config).policy
+    assert vip.name == "vip" and vip.gamma == 0.001
+    assert (vip.min_rollouts, vip.max_rollouts, vip.offset) == (2, 10, 1)
+    hora = train._planner("hora:prior_strength=inf", config).policy
+    assert hora.name == "hora" and math.isinf(hora.prior_strength)
+    sera = train._planner("sera", config).policy
+    assert (sera.name, sera.min_rollouts, sera.max_rollouts, sera.offset) == ("sera", 2, 10, 1)
 
 
 def test_pipeline_end_to_end_is_deterministic():
     from sera_opt.benchmarks import maze
 
-    config = _tiny_config()
+    config = _tiny_config(arms=("uniform", "sera", "vip:gamma=0.001"))
     first = maze.run(config, show_progress=False, base_seed=5)
     second = maze.run(config, show_progress=False, base_seed=5)
     assert first["seeds"] == [5, 6]
@@ -272,11 +325,33 @@ def test_pipeline_end_to_end_is_deterministic():
     # after the first visits the tracker's estimates differ, so SERA's counts do too
     assert max(sera_std) > 0
     summary = first["summary"]
-    assert {"warmup", "uniform", "sera"} <= set(summary)
-    assert np.allclose(summary["uniform"]["difference_to_uniform"]["mean"], 0.0)
-    assert np.all(summary["sera"]["min"] <= summary["sera"]["mean"] + 1e-12)
-    above, below = summary["sera"]["seeds_above_uniform"], summary["sera"]["seeds_below_uniform"]
-    assert np.all(above + below <= 2)
+    assert set(summary) >= {"warmup", *config.arms}
+    # The summary against an independent recomputation from the runs, paired by seed.
+    curves = {(r["arm"], r["seed"]): r["pass_at_k"] for r in first["runs"]}
+    uniform = np.array([curves["uniform", s] for s in first["seeds"]])
+    for arm in ("sera", "vip:gamma=0.001"):
+        rows = np.array([curves[arm, s] for s in first["seeds"]])
+        diff = rows - uniform
+        entry = summary[arm]
+        np.testing.assert_array_equal(entry["mean"], rows.mean(axis=0))
+        np.testing.assert_array_equal(entry["min"], rows.min(axis=0))
+        np.testing.assert_array_equal(entry["max"], rows.max(axis=0))
+        np.testing.assert_allclose(entry["difference_to_uniform"]["mean"], diff.mean(axis=0),
+                                   atol=1e-15)
+        np.testing.assert_array_equal(entry["seeds_above_uniform"], (diff > 0).sum(axis=0))
+        np.testing.assert_array_equal(entry["seeds_below_uniform"], (diff < 0).sum(axis=0))
+        paired = entry["paired_vs_uniform"]
+        np.testing.assert_array_equal(paired["ahead"] + paired["behind"] + paired["tied"],
+                                      len(first["seeds"]))
+        np.testing.assert_allclose(paired["mean"], diff.mean(axis=0), atol=1e-15)
+        varying = diff.std(axis=0) > 0
+        low, high = stats.ttest_rel(rows[:, varying], uniform[:, varying]).confidence_interval()
+        np.testing.assert_allclose(paired["ci_low"][varying], low, rtol=1e-10)
+        np.testing.assert_allclose(paired["ci_high"][varying], high, rtol=1e-10)
+        assert set(entry["paired_vs_uniform_at"]) == {"pass@1"}  # k_max = 8 here
+    # The arms really differ from uniform somewhere, so the checks above compared numbers.
+    assert np.any(summary["vip:gamma=0.001"]["paired_vs_uniform"]["std"] > 0)
+    assert "paired_vs_uniform" not in summary["uniform"]
     # the difficulty breakdown covers every held-out maze exactly once
     assert np.all(summary["path_bin_counts"]["mean"].sum() == config.num_test)
     by = summary["uniform"]["by_path_length"]["mean"]
@@ -296,5 +371,272 @@ def test_main_writes_json_and_plots(tmp_path):
     assert payload["benchmark"] == "maze" and payload["preset"] == "quick"
     assert payload["config"]["steps"] == 2 and payload["seeds"] == [3]
     assert len(payload["summary"]["sera"]["mean"]) == 64
+    # One seed: the interval is undefined, written as null with a note, never a zero width.
+    at = payload["summary"]["sera"]["paired_vs_uniform_at"]
+    assert set(at) == {"pass@1", "pass@16", "pass@64"}
+    for cell in at.values():
+        assert cell["n"] == 1 and cell["ci_low"] is None and cell["ci_high"] is None
+        assert cell["p_value"] is None and "undefined" in cell["note"]
+        assert cell["ahead"] + cell["behind"] + cell["tied"] == 1
     assert (tmp_path / "maze.png").stat().st_size > 0
     assert (tmp_path / "maze_training.png").stat().st_size > 0
+
+
+def test_report_arms_build_with_the_report_configurations():
+    from sera_opt.benchmarks import maze
+    from sera_opt.benchmarks.maze import train
+
+    assert maze.REPORT_ARMS[0] == "uniform" and len(maze.REPORT_ARMS) == 6
+    assert train.PRESETS["default"].seeds == 16 and train.PRESETS["hard"].seeds == 16
+    for preset in ("default", "hard"):
+        config = replace(train.PRESETS[preset], arms=maze.REPORT_ARMS)
+        specs = maze.runner.check_arms(config)
+        assert [s.label for s in specs] == list(maze.REPORT_ARMS)
+        alphas = [s.kwargs["alpha"] for s in specs if s.policy == "sera-fair"]
+        assert alphas == [0, 1, 2]
+
+
+# ---------------------------------------------------------------------------
+# shared harness: arm specifications
+
+
+@pytest.mark.parametrize("text,policy,options", [
+    ("uniform", "uniform", {}),
+    ("  sera ", "sera", {}),
+    ("sera:max_ratio=2", "sera", {"max_ratio": 2}),
+    ("vip:gamma=0.001", "vip", {"gamma": 0.001}),
+    ("vip:gamma=7e-4", "vip", {"gamma": 7e-4}),
+    ("hora:prior_strength=inf", "hora", {"prior_strength": math.inf}),
+    ("sera:max_ratio=None", "sera", {"max_ratio": None}),
+    ("sera:solver='milp'", "sera", {"solver": "milp"}),
+    ("sera:continuous=False", "sera", {"continuous": False}),
+    ("gvm:alpha=0.5:beta=-inf", "gvm", {"alpha": 0.5, "beta": -math.inf}),
+    ("gvm : alpha = 1 : beta = 3", "gvm", {"alpha": 1, "beta": 3}),
+])
+def test_parse_arm(text, policy, options):
+    spec = _harness.parse_arm(text)
+    assert spec.label == text.strip()
+    assert spec.policy == policy
+    assert spec.kwargs == options
+    assert [type(v) for v in spec.kwargs.values()] == [type(v) for v in options.values()]
+
+
+@pytest.mark.parametrize("text,match", [
+    ("", "empty"),
+    ("no-such-policy", "unknown policy 'no-such-policy'"),
+    ("sera:", "key=value"),
+    ("sera:max_ratio", "key=value"),
+    ("sera:=2", "key=value"),
+    ("sera:max ratio=2", "key=value"),
+    ("sera:max_ratio=", "key=value"),
+    ("sera:max_ratio=2:max_ratio=3", "given twice"),
+    ("sera:offset=1", "set by the experiment"),
+    ("sera:max_rollouts=8", "set by the experiment"),
+    ("sera:solver=milp", "quoted string"),
+    ("sera:max_ratio=nan", "not a Python literal"),
+    ("sera:solver='milp", "unbalanced"),
+    ("gvm:alpha=(1,2", "unbalanced"),
+])
+def test_parse_arm_refuses_bad_specs_in_one_line(text, match):
+    with pytest.raises(_harness.ArmSpecError, match=match) as info:
+        _harness.parse_arm(text)
+    assert isinstance(info.value, SeraOptError)
+    assert "\n" not in str(info.value)
+
+
+def test_parse_arms_splits_outside_quotes_and_refuses_the_same_arm_twice():
+    specs = _harness.parse_arms("uniform, sera:solver='a,b' ,vip:gamma=0.001")
+    assert [s.label for s in specs] == ["uniform", "sera:solver='a,b'", "vip:gamma=0.001"]
+    assert specs[1].kwargs == {"solver": "a,b"}
+    assert _harness.parse_arms(["uniform", "sera"]) == _harness.parse_arms("uniform,sera")
+    for same in ("sera,sera", "vip:gamma=1,vip:gamma=1.0",
+                 "gvm:alpha=1:beta=2,gvm:beta=2:alpha=1"):
+        with pytest.raises(_harness.ArmSpecError, match="give each arm once"):
+            _harness.parse_arms(same)
+    with pytest.raises(_harness.ArmSpecError, match="empty"):
+        _harness.parse_arms("uniform,,sera")
+    # different options are different arms
+    assert len(_harness.parse_arms("vip:gamma=1,vip:gamma=2")) == 2
+
+
+def test_arm_build_is_get_policy_with_the_experiment_settings():
+    import sera_opt
+
+    bounds = dict(min_rollouts=2, max_rollouts=16, offset=1)
+    p = np.random.default_rng(0).random(24)
+    for text in ("sera", "vip:gamma=0.001", "hora:prior_strength=inf", "gvm:alpha=0.01"):
+        spec = _harness.parse_arm(text)
+        built = spec.build(**bounds)
+        reference = sera_opt.get_policy(spec.policy, **spec.kwargs, **bounds)
+        assert type(built) is type(reference)
+        assert (built.min_rollouts, built.max_rollouts, built.offset) == (2, 16, 1)
+        np.testing.assert_array_equal(built.allocate(p, 192).counts,
+                                      reference.allocate(p, 192).counts)
+    assert _harness.parse_arm("vip:gamma=0.001").build(**bounds).gamma == 0.001
+    # max_ratio sets the cap only when the experiment gives none
+    uncapped = _harness.parse_arm("sera:max_ratio=2").build(min_rollouts=2, max_rollouts=None,
+                                                           offset=1)
+    assert uncapped.max_ratio == 2
+    assert uncapped.allocate(np.array([0.01, 0.5, 0.9, 0.99]), 16).counts.max() <= 8
+
+
+def test_check_arms_runs_each_policy_once_with_warnings_as_errors():
+    settings_ = dict(min_rollouts=2, max_rollouts=32, offset=1, num_prompts=16, budget=128)
+    specs = _harness.check_arms("uniform,sera,hora:prior_strength=inf,vip:gamma=0.001",
+                                **settings_)
+    assert [s.policy for s in specs] == ["uniform", "sera", "hora", "vip"]
+    for bad, match in (("sera:bogus=1", "ignores the option 'bogus'"),
+                       ("vip:bogus=1", "bogus"),
+                       ("vip:gamma=-1", "gamma"),
+                       ("hora:prior_strength=0", "prior_strength"),
+                       ("sera:max_ratio=2", "max_ratio has no effect")):
+        with pytest.raises(_harness.ArmSpecError, match=match) as info:
+            _harness.check_arms(f"uniform,{bad}", **settings_)
+        assert repr(bad) in str(info.value) and "\n" not in str(info.value)
+    with pytest.raises(_harness.ArmSpecError, match="'sera'"):
+        # the budget cannot be met within the bounds: the trial allocation says so
+        _harness.check_arms("sera", **{**settings_, "budget": 16 * 33})
+
+
+def test_arm_colors_are_distinct_and_keep_the_fixed_ones():
+    labels = ["uniform", "sera", "sera-fair:alpha=0", "sera-fair:alpha=1", "hora",
+              "vip:gamma=0.001"]
+    colors = _harness.arm_colors(labels)
+    assert colors["uniform"] == _harness.POLICY_COLORS["uniform"]
+    assert colors["hora"] == _harness.POLICY_COLORS["hora"]
+    assert len(set(colors.values())) == len(labels)
+
+
+# ---------------------------------------------------------------------------
+# shared harness: paired intervals
+
+
+def test_paired_difference_hand_computed():
+    # differences 0.1, 0.3, 0.2: mean 0.2, sd 0.1, se 0.1 / sqrt(3); with 2 degrees of
+    # freedom Student's t has the closed form F(t) = 1/2 + t / (2 sqrt(t^2 + 2)).
+    baseline = np.array([0.5, 0.25, 0.125])
+    candidate = baseline + np.array([0.1, 0.3, 0.2])
+    out = _harness.paired_difference(candidate, baseline)
+    se = 0.1 / math.sqrt(3)
+    t_crit = 0.95 * math.sqrt(2 / (1 - 0.95 ** 2))  # F(t_crit) = 0.975
+    t_stat = 0.2 / se  # = 2 sqrt(3)
+    assert out["n"] == 3
+    assert out["mean"] == pytest.approx(0.2, abs=1e-15)
+    assert out["std"] == pytest.approx(0.1, rel=1e-12)
+    assert out["ci_low"] == pytest.approx(0.2 - t_crit * se, rel=1e-12)
+    assert out["ci_high"] == pytest.approx(0.2 + t_crit * se, rel=1e-12)
+    assert out["statistic"] == pytest.approx(2 * math.sqrt(3), rel=1e-12)
+    assert out["p_value"] == pytest.approx(1 - t_stat / math.sqrt(t_stat ** 2 + 2), rel=1e-10)
+    assert (out["ahead"], out["behind"], out["tied"]) == (3, 0, 0)
+    assert out["note"] is None and out["confidence"] == 0.95
+
+
+def test_paired_difference_counts_ties_and_columns():
+    candidate = np.array([[0.5, 0.2], [0.4, 0.3], [0.3, 0.1], [0.2, 0.4]])
+    baseline = np.array([[0.5, 0.1], [0.5, 0.3], [0.2, 0.2], [0.2, 0.2]])
+    out = _harness.paired_difference(candidate, baseline)
+    np.testing.assert_array_equal(out["ahead"], [1, 2])
+    np.testing.assert_array_equal(out["behind"], [1, 1])
+    np.testing.assert_array_equal(out["tied"], [2, 1])
+    at = _harness.paired_difference_at(out, (1, 2, 16))
+    assert set(at) == {"pass@1", "pass@2"}  # no column 16
+    assert at["pass@2"]["ahead"] == 2 and isinstance(at["pass@2"]["mean"], float)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 12), st.integers(1, 4), st.integers(0, 2 ** 32 - 1),
+       st.sampled_from([0.8, 0.9, 0.95, 0.99]))
+def test_paired_difference_matches_scipy_ttest_rel(n, width, seed, confidence):
+    rng = np.random.default_rng(seed)
+    baseline = rng.random((n, width))
+    candidate = np.clip(baseline + rng.normal(0.02, 0.1, size=(n, width)), 0, 1)
+    out = _harness.paired_difference(candidate, baseline, confidence=confidence)
+    diff = candidate - baseline
+    varying = diff.std(axis=0) > 1e-9
+    if not varying.any():
+        return
+    ref = stats.ttest_rel(candidate[:, varying], baseline[:, varying])
+    low, high = ref.confidence_interval(confidence_level=confidence)
+    np.testing.assert_allclose(out["statistic"][varying], ref.statistic, rtol=1e-9)
+    np.testing.assert_allclose(out["p_value"][varying], ref.pvalue, rtol=1e-9, atol=1e-300)
+    np.testing.assert_allclose(out["ci_low"][varying], low, rtol=1e-9, atol=1e-15)
+    np.testing.assert_allclose(out["ci_high"][varying], high, rtol=1e-9, atol=1e-15)
+    np.testing.assert_array_equal(out["n"], n)
+
+
+def test_paired_difference_with_one_seed_is_undefined_not_zero_width():
+    out = _harness.paired_difference([[0.4, 0.5]], [[0.3, 0.5]])
+    assert np.isnan(out["ci_low"]).all() and np.isnan(out["ci_high"]).all()
+    assert np.isnan(out["p_value"]).all() and np.isnan(out["std"]).all()
+    assert "undefined" in out["note"]
+    np.testing.assert_allclose(out["mean"], [0.1, 0.0])
+    np.testing.assert_array_equal(out["ahead"], [1, 0])
+    np.testing.assert_array_equal(out["tied"], [0, 1])
+    table = _harness.paired_table({"sera": _harness.paired_difference_at(out, (1, 2))})
+    assert "no interval" in table and "undefined" in table
+
+
+def test_paired_difference_edge_cases():
+    # the same non-zero difference on every seed: zero width (what the data say) and
+    # p = 0, as scipy reports; all ties: NaN p-value
+    same = _harness.paired_difference([0.3, 0.4, 0.5], [0.1, 0.2, 0.3])
+    assert same["ci_low"] == pytest.approx(0.2) and same["ci_high"] == pytest.approx(0.2)
+    tied = _harness.paired_difference([0.3, 0.4], [0.3, 0.4])
+    assert tied["mean"] == 0 and np.isnan(tied["p_value"]) and tied["tied"] == 2
+    # a NaN (an empty group on one seed) leaves that seed out of its column only
+    out = _harness.paired_difference([[0.5, np.nan], [0.6, 0.2], [0.7, 0.4]],
+                                     [[0.4, 0.1], [0.4, 0.1], [0.4, 0.1]])
+    np.testing.assert_array_equal(out["n"], [3, 2])
+    np.testing.assert_allclose(out["mean"], [0.2, 0.2])
+    ref = stats.ttest_rel([0.2, 0.4], [0.1, 0.1])
+    assert out["p_value"][1] == pytest.approx(ref.pvalue, rel=1e-9)
+    with pytest.raises(SeraOptError, match="shapes"):
+        _harness.paired_difference([1.0, 2.0], [1.0])
+    with pytest.raises(SeraOptError, match="confidence"):
+        _harness.paired_difference([1.0, 2.0], [1.0, 1.5], confidence=95)
+
+
+def test_mean_interval_matches_scipy():
+    values = np.array([0.71, 0.74, 0.69, 0.80, 0.77])
+    out = _harness.mean_interval(values, unit="batch")
+    low, high = stats.t.interval(0.95, len(values) - 1, loc=values.mean(),
+                                 scale=stats.sem(values))
+    assert out["ci_low"] == pytest.approx(low, rel=1e-12)
+    assert out["ci_high"] == pytest.approx(high, rel=1e-12)
+    assert out["n"] == 5 and out["note"] is None
+    single = _harness.mean_interval([0.7], unit="batch")
+    assert np.isnan(single["ci_low"]) and "batch" in single["note"]
+
+
+def test_format_interval():
+    assert _harness.format_interval(0.0123, -0.004, 0.0284) == "+0.012 [-0.004, +0.028]"
+    assert _harness.format_interval(-0.5, np.nan, np.nan) == "-0.500 [no interval]"
+
+
+# ---------------------------------------------------------------------------
+# shared harness: comparing result files
+
+
+def test_compare_payloads_finds_every_changed_number_and_skips_timings():
+    before = {"machine": {"cpu": "a"}, "command": "x", "summary": {"sera": [0.1, 0.2]},
+              "runs": [{"wall_time": 1.0, "pass_at_k": [0.5], "arm": "sera"}],
+              "timings": {"total_s": 3.0}, "seeds": [0, 1]}
+    same = json.loads(json.dumps(before))
+    same["machine"] = {"cpu": "b"}
+    same["runs"][0]["wall_time"] = 9.0
+    same["timings"] = {}
+    same["summary"]["sera_interval"] = [0.0, 0.3]
+    differences, additions = compare_payloads(before, same)
+    assert differences == [] and additions == ["summary.sera_interval"]
+    changed = json.loads(json.dumps(before))
+    changed["summary"]["sera"][1] = 0.2000000001
+    changed["runs"][0]["arm"] = "hora"
+    del changed["seeds"]
+    differences, _ = compare_payloads(before, changed)
+    assert len(differences) == 3
+    assert any(d.startswith("summary.sera[1]:") for d in differences)
+    assert any(d.startswith("runs[0].arm:") for d in differences)
+    assert "seeds: missing after" in differences
+    changed = json.loads(json.dumps(before))
+    changed["summary"]["sera"].append(0.3)
+    assert compare_payloads(before, changed)[0] == ["summary.sera: 2 entries before, 3 after"]

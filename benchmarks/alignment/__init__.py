@@ -10,9 +10,11 @@ from sera_opt.benchmarks.alignment.runner import (
     NAME,
     PEERS,
     QUICK,
+    REPORT_PEERS,
     AlignmentConfig,
     Method,
     build_methods,
+    check_peers,
     demo,
     format_table,
     main,
@@ -21,5 +23,6 @@ from sera_opt.benchmarks.alignment.runner import (
     run,
 )
 
-__all__ = ["FULL", "NAME", "PEERS", "QUICK", "AlignmentConfig", "Method", "build_methods", "demo",
-           "format_table", "main", "plot", "prepare", "run"]
+__all__ = ["FULL", "NAME", "PEERS", "QUICK", "REPORT_PEERS", "AlignmentConfig", "Method",
+           "build_methods", "check_peers", "demo", "format_table", "main", "plot", "prepare",
+           "run"]

@@ -24,6 +24,12 @@ posterior means of a :class:`sera_opt.SuccessTracker` that saw a few rollouts
 per prompt from an earlier checkpoint, each with and without the multiplicity
 correction; and the peers' policies (fed the tracker's estimates) when they are
 registered. All policies get the same bounds: ``1 + c <= n_i <= max_ratio * nbar``.
+A peer is a policy name or a specification with options, such as
+``sera-fair:alpha=1`` (see :func:`sera_opt.benchmarks._harness.parse_arm`).
+
+Per budget, every method's cosines come with a 95 % interval across batches
+(t over the batch means) and, beside uniform's, the paired difference to
+uniform's on the same batches (paired t over batches).
 
 Run ``sera-opt bench alignment`` (full, seed 0), ``sera-opt bench alignment
 --quick``, or ``sera-opt demo`` for the quick comparison as a table.
@@ -50,7 +56,9 @@ __all__ = [
     "QUICK",
     "FULL",
     "PEERS",
+    "REPORT_PEERS",
     "build_methods",
+    "check_peers",
     "prepare",
     "run",
     "format_table",
@@ -61,6 +69,10 @@ __all__ = [
 
 NAME = "alignment"
 PEERS = ("knapsack", "vip", "hora", "gvm", "sera-bayes")
+#: The peers of the run that decides the recommended default (docs/benchmarks.md,
+#: "Choosing the default allocation"; uniform and SERA are always compared):
+#: ``sera-opt bench alignment --peers`` followed by ``" ".join(REPORT_PEERS)``.
+REPORT_PEERS = ("hora", "sera-fair:alpha=0", "sera-fair:alpha=1", "sera-fair:alpha=2")
 ESTIMATORS = {0: "success_average", 1: "mean_centred"}
 HISTOGRAM_BINS = (0.0, 1e-3, 0.01, 0.05, 0.2, 0.5, 0.8, 0.95, 0.99, 1.0)
 
@@ -93,7 +105,7 @@ QUICK = replace(FULL, num_batches=2, draws=8)
 class Method:
     """One way of producing a batch gradient: allocation, its inputs, estimator."""
 
-    policy: str  # a registered policy name
+    policy: str  # a registered policy name, or a specification such as "sera-fair:alpha=1"
     source: str  # "true" (the exact p), "tracker" (posterior means) or "none" (uniform)
     offset: int
     multiplicity_correction: bool
@@ -127,10 +139,11 @@ def build_methods(config: AlignmentConfig, available: tuple[str, ...]) -> tuple[
     for name in dict.fromkeys(config.peers):
         if name in ("uniform", "sera"):
             notes.append(f"policy {name!r} is always compared; not repeated as a peer.")
-        elif name not in available:
-            notes.append(f"policy {name!r} is not registered in this sera_opt; skipped.")
+        elif _harness.arm_policy_name(name) not in available:
+            notes.append(f"policy {_harness.arm_policy_name(name)!r} is not registered in this "
+                         f"sera_opt; {name!r} skipped.")
         else:
-            peers.append(name)
+            peers.append(_harness.parse_arm(name, available=available).label)
     for c in config.offsets:
         # Uniform counts are all equal, so the correction (nbar / n_i = 1) changes nothing.
         methods.append(Method("uniform", "none", c, True))
@@ -212,15 +225,15 @@ def prepare(config: AlignmentConfig) -> Setting:
 # --------------------------------------------------------------------------- pieces
 
 
-def _make_policy(name: str, *, min_rollouts: int, max_rollouts: int | None, offset: int):
-    import sera_opt
+def _make_policy(spec: str, *, min_rollouts: int, max_rollouts: int | None, offset: int):
     from sera_opt.policies import POLICIES
 
-    options = {"min_rollouts": min_rollouts, "max_rollouts": max_rollouts, "offset": offset}
-    if max_rollouts is None and POLICIES.lookup(name).default_max_ratio is not None:
+    arm = _harness.parse_arm(spec)
+    if (max_rollouts is None and POLICIES.lookup(arm.policy).default_max_ratio is not None
+            and "max_ratio" not in arm.kwargs):
         # "no cap" means none, not the policy's default cap of max_ratio x the average.
-        options["max_ratio"] = None
-    return sera_opt.get_policy(name, **options)
+        arm = replace(arm, options=(*arm.options, ("max_ratio", None)))
+    return arm.build(min_rollouts=min_rollouts, max_rollouts=max_rollouts, offset=offset)
 
 
 def prompt_weights(counts: np.ndarray, multiplicity_correction: bool) -> np.ndarray:
@@ -354,6 +367,38 @@ def _summary(values) -> dict[str, float]:
     }
 
 
+def _add_intervals(entry: dict[str, Any], row: dict[str, list], uniform: dict[str, list]):
+    """Per-batch cosines, their 95 % intervals across batches and, for methods other than
+    uniform, the paired difference to uniform's cosine on the same batches."""
+    entry["batch_index"] = list(row["batch"])
+    entry["expected_cosine_interval"] = _harness.mean_interval(
+        entry["expected_cosine_per_batch"], unit="batch")
+    if row["sampled_batch_cosine"]:
+        # The mean over a batch's draws: one value per batch, so the interval is across
+        # batches like the expected estimator's.
+        entry["sampled_cosine_per_batch"] = list(row["sampled_batch_cosine"])
+        entry["sampled_cosine_interval"] = _harness.mean_interval(
+            row["sampled_batch_cosine"], unit="batch")
+    if row is uniform:
+        return
+    # Pair by batch; a batch on which either method failed is left out of the pair.
+    shared = [b for b in row["batch"] if b in uniform["batch"]]
+    pos, upos = ([rows_["batch"].index(b) for b in shared] for rows_ in (row, uniform))
+    if not shared:
+        return
+    for metric, key in (("expected", "expected_cosine"), ("sampled_batch_cosine",
+                                                         "sampled_cosine")):
+        if not row[metric]:
+            continue
+        mine = [_cosine(row[metric][i]) for i in pos]
+        base = [_cosine(uniform[metric][i]) for i in upos]
+        entry[f"{key}_vs_uniform"] = _harness.paired_difference(mine, base, unit="batch")
+
+
+def _cosine(value) -> float:
+    return float(value["cosine"] if isinstance(value, dict) else value)
+
+
 def _histogram(values) -> list[int]:
     counts, _ = np.histogram(np.asarray(values), bins=np.asarray(HISTOGRAM_BINS))
     return counts.tolist()
@@ -392,7 +437,8 @@ def _run(config: AlignmentConfig, *, show_progress: bool, sampled: bool, log) ->
 
     rows: dict[str, dict[int, dict[str, list]]] = {
         m.key: {b: {"expected": [], "sampled": [], "min_factor": [], "weight_cv": [],
-                    "max_count": [], "fraction_at_min": [], "top5_share": []}
+                    "max_count": [], "fraction_at_min": [], "top5_share": [], "batch": [],
+                    "sampled_batch_cosine": []}
             for b in config.budgets}
         for m in methods
     }
@@ -431,7 +477,7 @@ def _run(config: AlignmentConfig, *, show_progress: bool, sampled: bool, log) ->
                                                            max_rollouts=hi, offset=method.offset)
                 policy = policy_cache[cache_key]
                 if (method.source == "tracker" and setting.tracker_posterior is not None
-                        and getattr(policy, "accepts_posterior", False)):
+                        and "posterior" in policy.extra_inputs):
                     # Policies that reason about uncertainty get the whole posterior.
                     alpha, beta = setting.tracker_posterior
                     alloc = policy.allocate(None, budget, posterior=(alpha[batch], beta[batch]))
@@ -447,6 +493,7 @@ def _run(config: AlignmentConfig, *, show_progress: bool, sampled: bool, log) ->
             coef = expected_coefficients(p_true, counts, method.offset,
                                          method.multiplicity_correction)
             row["expected"].append(alignment_scores(grads.weighted(coef), grads.exact))
+            row["batch"].append(b_idx)
             factors = sera_opt.attenuation(p_true, counts, method.offset)
             row["min_factor"].append(float(factors.min()))
             scaled = coef * m
@@ -457,9 +504,10 @@ def _run(config: AlignmentConfig, *, show_progress: bool, sampled: bool, log) ->
             row["top5_share"].append(float(np.sort(counts)[-5:].sum() / budget))
             if sampled:
                 rng = _stream(config, "draws", b_idx, nbar, method.key)
-                for _ in range(config.draws):
-                    row["sampled"].append(
-                        alignment_scores(grads.sampled(rng, counts, method), grads.exact))
+                draws = [alignment_scores(grads.sampled(rng, counts, method), grads.exact)
+                         for _ in range(config.draws)]
+                row["sampled"].extend(draws)
+                row["sampled_batch_cosine"].append(float(np.mean([d["cosine"] for d in draws])))
             gradients_s += time.perf_counter() - t0
     setting.timings["allocate_s"] = allocate_s
     setting.timings["gradients_s"] = gradients_s
@@ -493,6 +541,7 @@ def _run(config: AlignmentConfig, *, show_progress: bool, sampled: bool, log) ->
                 for metric in ("cosine", "relative_error", "norm_ratio"):
                     entry[f"sampled_{metric}"] = _summary([s[metric] for s in row["sampled"]])
                 entry["draws"] = len(row["sampled"])
+            _add_intervals(entry, row, rows[f"uniform c={method.offset}"][nbar])
             results.append(entry)
     setting.timings["total_s"] = time.perf_counter() - total_start
 
@@ -602,6 +651,8 @@ _STYLE = {
     "sera/tracker/corrected/uncapped": ("tab:blue", "-.", "x"),
     "sera/true/corrected/uncapped": ("tab:red", "-.", "x"),
 }
+#: The lines whose expected cosine gets its interval band (more would hide the curves).
+_BANDED = ("uniform", "sera/tracker/corrected")
 _PEER_COLOURS = {"knapsack": "tab:green", "vip": "tab:purple", "hora": "tab:orange",
                  "gvm": "tab:brown", "sera-bayes": "tab:cyan"}
 
@@ -632,6 +683,8 @@ def plot(payload: dict):
                 "expected estimator: relative L2 error")]
     panels += [(axes[1, 1 + k], c, "sampled_cosine", "sampled estimator: cosine (mean ± sd)")
                for k, c in enumerate(offsets[:2])]
+    peer_colours = _harness.arm_colors(
+        dict.fromkeys(e["policy"] for e in payload["results"]), fixed=_PEER_COLOURS)
     for ax, c, metric, title in panels:
         keys = []
         for entry in payload["results"]:
@@ -649,7 +702,7 @@ def plot(payload: dict):
             else:
                 if base.endswith("uncorrected"):
                     continue  # keep the plot readable; the JSON has them
-                colour, ls, marker, lw = _PEER_COLOURS.get(policy, "grey"), "--", ".", 1.0
+                colour, ls, marker, lw = peer_colours[policy], "--", ".", 1.0
             xs = [e["budget_per_prompt"] for e in entries]
             if isinstance(entries[0][metric], dict):
                 ys = np.array([e[metric]["mean"] for e in entries])
@@ -658,11 +711,19 @@ def plot(payload: dict):
                     ax.fill_between(xs, ys - sd, ys + sd, color=colour, alpha=0.1)
             else:
                 ys = np.array([e[metric] for e in entries])
+                band = [e.get(f"{metric}_interval") for e in entries]
+                if (base in _BANDED and all(band)
+                        and all(np.isfinite(b["ci_low"]) for b in band)):
+                    # 95 % interval of the mean over batches
+                    ax.fill_between(xs, [b["ci_low"] for b in band], [b["ci_high"] for b in band],
+                                    color=colour, alpha=0.1)
             ax.plot(xs, ys, color=colour, linestyle=ls, marker=marker, lw=lw,
                     label=short_label(key))
         ax.set_xscale("log", base=2)
         ax.set_xlabel("rollouts per prompt (budget / M)")
-        ax.set_title(f"{title}, {ESTIMATORS[c].replace('_', '-')} (c={c})", fontsize=10)
+        ax.set_title(f"{title}, {ESTIMATORS[c].replace('_', '-')} (c={c})"
+                     + ("\nbands: 95 % interval of the mean over batches (uniform, SERA(tracker))"
+                        if metric == "expected_cosine" else ""), fontsize=10)
         ax.grid(alpha=0.3)
     handles, names = axes[0, 1].get_legend_handles_labels()
     fig.legend(handles, names, loc="lower center", ncol=6, fontsize=9, frameon=False)
@@ -751,6 +812,52 @@ def _print_report(payload: dict, *, sampled: bool, columns: dict[int, list[str]]
             print()
 
 
+def _print_paired(payload: dict) -> None:
+    """Per offset and estimator: each corrected tracker-fed method's cosine minus uniform's on
+    the same batches, mean [95 % interval], one row per budget."""
+    batches = payload["config"]["num_batches"]
+    for c in payload["config"]["offsets"]:
+        keys = [k for k in dict.fromkeys(e["method"] for e in payload["results"]
+                                         if e["offset"] == c)
+                if "/tracker/corrected" in k and "/uncapped" not in k]
+        for metric, what in (("expected_cosine", "expected"), ("sampled_cosine", "sampled")):
+            field = f"{metric}_vs_uniform"
+            if not any(field in e for e in payload["results"]):
+                continue
+            print(f"\n{what.capitalize()} estimator's cosine minus uniform's on the same batch, "
+                  f"{ESTIMATORS[c]} (c={c}): mean [95 % interval, paired t over {batches} "
+                  "batches]" + (" (sampled: the mean over each batch's draws)"
+                                if what == "sampled" else ""))
+            for group in [keys[i:i + 4] for i in range(0, len(keys), 4)]:
+                header = ["rollouts/prompt"] + [short_label(k) for k in group]
+                body = []
+                for nbar in payload["config"]["budgets"]:
+                    cells = [str(nbar)]
+                    for key in group:
+                        entry = _lookup(payload, key, nbar)
+                        d = entry.get(field) if entry else None
+                        cells.append("-" if d is None else _harness.format_interval(
+                            d["mean"], d["ci_low"], d["ci_high"]))
+                    body.append(cells)
+                widths = [max(len(r[i]) for r in [header] + body) for i in range(len(header))]
+                for r in [header] + body:
+                    print("  ".join(x.rjust(w) for x, w in zip(r, widths, strict=True)))
+    if batches < 2:
+        print("note: one batch: the intervals are undefined (shown as 'no interval').")
+
+
+def check_peers(config: AlignmentConfig) -> None:
+    """Refuse, before anything runs, a peer that is malformed, unknown, or whose policy does
+    not build and allocate with the benchmark's bounds (at each offset, largest budget)."""
+    specs = _harness.parse_arms(config.peers)
+    nbar = max(config.budgets)
+    for c in config.offsets:
+        lo = 1 + c
+        _harness.check_arms(specs, min_rollouts=lo, max_rollouts=max(config.max_ratio * nbar, lo),
+                            offset=c, num_prompts=config.batch_size,
+                            budget=nbar * config.batch_size)
+
+
 def _parser(prog: str, description: str, *, for_demo: bool = False) -> argparse.ArgumentParser:
     if for_demo:
         # The demo is always the quick preset and writes nothing unless asked.
@@ -772,8 +879,11 @@ def _parser(prog: str, description: str, *, for_demo: bool = False) -> argparse.
     parser.add_argument("--max-ratio", type=int,
                         help="max_rollouts = this * budget per prompt (default: 4)")
     parser.add_argument("--peers", nargs="*",
-                        help=f"peer policies to compare (default: {' '.join(PEERS)}"
-                             + ("; the demo compares none unless asked)" if for_demo else ")"))
+                        help="peer policies to compare, each a name or "
+                             "name:key=value[:key=value...] (default: "
+                             f"{' '.join(PEERS)}"
+                             + ("; the demo compares none unless asked)" if for_demo else
+                                f"; the report run uses {' '.join(REPORT_PEERS)})"))
     parser.add_argument("--expected-only", action="store_true",
                         help="skip the sampled estimators (no torch estimator needed)")
     return parser
@@ -797,10 +907,12 @@ def main(argv=None) -> int:
                      "on a digits classifier, for uniform, SERA and peer allocations.")
     args = parser.parse_args(argv)
     config = _config_from(args, QUICK if args.quick else FULL)
+    check_peers(config)
     payload = run(config, show_progress=not args.no_progress, sampled=not args.expected_only)
     payload["command"] = "sera-opt bench alignment " + " ".join(
         sys.argv[1:] if argv is None else list(argv))
     _print_report(payload, sampled=not args.expected_only)
+    _print_paired(payload)
     print("\nExpected-estimator cosine versus uniform:")
     for line in verdict(payload):
         print("  " + line)
@@ -820,6 +932,7 @@ def demo(argv=None) -> int:
     config = _config_from(args, QUICK)
     if args.peers is None:
         config = replace(config, peers=())
+    check_peers(config)
     start = time.perf_counter()
     payload = run(config, show_progress=not args.no_progress, sampled=not args.expected_only)
     print("sera-opt demo: how well the MaxRL batch gradient aligns with the exact likelihood")

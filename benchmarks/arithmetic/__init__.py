@@ -9,6 +9,7 @@ the summary over seeds and the plots.
 
 from sera_opt.benchmarks.arithmetic.runner import (
     NAME,
+    REPORT_ARMS,
     build_parser,
     config_from_args,
     main,
@@ -17,5 +18,5 @@ from sera_opt.benchmarks.arithmetic.runner import (
 )
 from sera_opt.benchmarks.arithmetic.train import PRESETS, ExperimentConfig, pass_at_k_curve
 
-__all__ = ["NAME", "PRESETS", "ExperimentConfig", "build_parser", "config_from_args", "main",
-           "pass_at_k_curve", "resolve_device", "run_experiment"]
+__all__ = ["NAME", "PRESETS", "REPORT_ARMS", "ExperimentConfig", "build_parser",
+           "config_from_args", "main", "pass_at_k_curve", "resolve_device", "run_experiment"]

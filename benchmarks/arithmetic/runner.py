@@ -50,9 +50,18 @@ from sera_opt.exceptions import SeraOptError
 __all__ = ["ExperimentConfig", "PRESETS", "run_experiment", "main"]
 
 NAME = "arithmetic"
+#: The arms of the runs that decide the recommended default (docs/benchmarks.md,
+#: "Choosing the default allocation"): ``sera-opt bench arithmetic --arms`` followed by
+#: ``",".join(REPORT_ARMS)`` (10 seeds, the default).
+REPORT_ARMS = ("uniform", "sera", "hora", "sera-fair:alpha=0", "sera-fair:alpha=1",
+               "sera-fair:alpha=2")
 
 
 def _summary(cfg: ExperimentConfig, runs: list[dict]) -> dict[str, Any]:
+    """pass@k per policy over seeds, and per policy but uniform the paired per-seed difference
+    to uniform: its mean, the per-seed rows, and ``paired_vs_uniform`` (mean, 95 % interval
+    by a paired t over seeds, p-value, seeds ahead / behind / tied, for every k;
+    ``paired_vs_uniform_at`` the same at pass@1, pass@16 and pass@64)."""
     ks = np.arange(1, cfg.max_k + 1)
     summary: dict[str, Any] = {}
     names = ["warm_start", *cfg.policies]
@@ -76,6 +85,10 @@ def _summary(cfg: ExperimentConfig, runs: list[dict]) -> dict[str, Any]:
         summary[name]["difference_vs_uniform_mean"] = diff.mean(axis=0)
         summary[name]["difference_vs_uniform_per_seed"] = diff
         summary[name]["seeds_better_than_uniform"] = (diff > 0).sum(axis=0)
+        paired = _harness.paired_difference(curves[name], curves["uniform"])
+        summary[name]["paired_vs_uniform"] = paired
+        summary[name]["paired_vs_uniform_at"] = _harness.paired_difference_at(
+            paired, _harness.INTERVAL_KS)
     table = {}
     for name in names:
         table[name] = {
@@ -89,9 +102,14 @@ def _summary(cfg: ExperimentConfig, runs: list[dict]) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- plots
 
-_COLORS = {"warm_start": "0.5", "uniform": "tab:blue", "sera": "tab:red",
-           "knapsack": "tab:green", "hora": "tab:purple", "vip": "tab:orange",
-           "gvm": "tab:brown", "sera-bayes": "tab:pink"}
+_POLICY_COLORS = {"uniform": "tab:blue", "sera": "tab:red", "knapsack": "tab:green",
+                  "hora": "tab:purple", "vip": "tab:orange", "gvm": "tab:brown",
+                  "sera-bayes": "tab:pink"}
+
+
+def _colors(cfg) -> dict[str, str]:
+    """A colour per policy (the fixed ones for bare names) and the warm start's grey."""
+    return {"warm_start": "0.5", **_harness.arm_colors(cfg.policies, fixed=_POLICY_COLORS)}
 
 
 def _plot_pass_at_k(cfg, summary, runs, out_dir: Path) -> Path:
@@ -101,11 +119,12 @@ def _plot_pass_at_k(cfg, summary, runs, out_dir: Path) -> Path:
     import matplotlib.pyplot as plt
 
     ks = np.arange(1, cfg.max_k + 1)
+    colors = _colors(cfg)
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
     ax = axes[0]
     for name in ["warm_start", *cfg.policies]:
         s = summary[name]
-        color = _COLORS.get(name)
+        color = colors.get(name)
         ax.plot(ks, s["pass_at_k_mean"], label=name.replace("_", " "), color=color)
         ax.fill_between(ks, s["pass_at_k_min"], s["pass_at_k_max"], color=color, alpha=0.15)
     ax.set_xscale("log", base=2)
@@ -113,22 +132,9 @@ def _plot_pass_at_k(cfg, summary, runs, out_dir: Path) -> Path:
     ax.set_ylabel("pass@k on the held-out set")
     ax.set_title(f"mean over {len(runs)} seeds (band: min to max)")
     ax.legend()
-    ax = axes[1]
-    ax.axhline(0.0, color="tab:blue", lw=1)
-    for name in cfg.policies:
-        if name == "uniform":
-            continue
-        s = summary[name]
-        color = _COLORS.get(name)
-        per_seed = np.atleast_2d(s["difference_vs_uniform_per_seed"])
-        ax.plot(ks, s["difference_vs_uniform_mean"], color=color, label=name)
-        for row in per_seed:
-            ax.plot(ks, row, color=color, alpha=0.3, lw=0.8)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("k")
-    ax.set_ylabel("pass@k minus uniform's (same seed)")
-    ax.set_title("paired difference (thin: single seeds)")
-    ax.legend()
+    _harness.plot_paired(axes[1], ks, {name: summary[name]["paired_vs_uniform"]
+                                       for name in cfg.policies if name != "uniform"},
+                         colors, seeds=len(runs))
     ax = axes[2]
     names = ["warm_start", *cfg.policies]
     digit_keys = sorted(runs[0]["warm_start"]["pass_at_k_by_digits"], key=int)
@@ -140,7 +146,7 @@ def _plot_pass_at_k(cfg, summary, runs, out_dir: Path) -> Path:
                     for run in runs]
             values.append(np.mean([row["pass_at_k_by_digits"][d][-1] for row in rows]))
         ax.bar(np.arange(len(digit_keys)) + (j - (len(names) - 1) / 2) * width, values, width,
-               color=_COLORS.get(name), label=name.replace("_", " "))
+               color=colors.get(name), label=name.replace("_", " "))
     ax.set_xticks(np.arange(len(digit_keys)), [f"{d} digit{'s' if int(d) > 1 else ''}" for d in digit_keys])
     ax.set_ylim(0, 1.05)
     ax.set_ylabel(f"pass@{cfg.max_k}")
@@ -161,6 +167,7 @@ def _plot_training(cfg, runs, out_dir: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    colors = _colors(cfg)
     fig, axes = plt.subplots(2, 3, figsize=(12.6, 6.4))
     window = max(1, cfg.rl_steps // 20)
     kernel = np.ones(window) / window
@@ -173,7 +180,7 @@ def _plot_training(cfg, runs, out_dir: Path) -> Path:
 
     for ax, (panel, title) in zip(axes.flat, _TRAINING_PANELS):
         for policy in cfg.policies:
-            color = _COLORS.get(policy)
+            color = colors.get(policy)
             if panel in ("pass_at_1", "pass_at_max"):
                 steps = runs[0]["policies"][policy]["checkpoints"]["step"]
                 y = _mean_curve(runs, policy, lambda r, key=panel: r["checkpoints"][key])
@@ -273,9 +280,14 @@ def run_experiment(cfg: ExperimentConfig, *, seed: int = 0, device: str = "cpu",
 def _print_table(cfg: ExperimentConfig, payload: dict) -> None:
     table = payload["summary"]["table_mean_std"]
     keys = list(next(iter(table.values())).keys())
-    print(f"{'':<12}" + "".join(f"{k:>16}" for k in keys))
+    width = max(12, *(len(name) + 1 for name in table))
+    print(f"{'':<{width}}" + "".join(f"{k:>16}" for k in keys))
     for name, row in table.items():
-        print(f"{name:<12}" + "".join(f"{m:>9.3f} ± {s:<4.3f}" for m, s in row.values()))
+        print(f"{name:<{width}}" + "".join(f"{m:>9.3f} ± {s:<4.3f}" for m, s in row.values()))
+    summary = payload["summary"]
+    print()
+    print(_harness.paired_table({name: summary[name]["paired_vs_uniform_at"]
+                                 for name in cfg.policies if name != "uniform"}))
     print(f"wall time {payload['wall_time_s']:.0f} s on {payload['device']} "
           f"({payload['threads']} thread(s))")
 
@@ -289,8 +301,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (default 1: bit-reproducible on the CPU)")
     parser.add_argument("--seeds", type=int, default=None, help="number of seeds (override)")
-    parser.add_argument("--policies", default=None,
-                        help="comma-separated allocation policies (override; must include uniform)")
+    parser.add_argument("--arms", "--policies", dest="policies", default=None,
+                        help="comma-separated arms, each a policy name or "
+                             "name:key=value[:key=value...], including uniform (override; the "
+                             f"report runs use {','.join(REPORT_ARMS)})")
     parser.add_argument("--rl-steps", type=int, default=None, help="MaxRL steps (override)")
     parser.add_argument("--sft-steps", type=int, default=None, help="warm-start steps (override)")
     return parser
@@ -304,7 +318,7 @@ def config_from_args(args: argparse.Namespace) -> ExperimentConfig:
     if args.seeds is not None:
         overrides["seeds"] = args.seeds
     if args.policies is not None:
-        overrides["policies"] = tuple(p.strip() for p in args.policies.split(",") if p.strip())
+        overrides["policies"] = tuple(spec.label for spec in _harness.parse_arms(args.policies))
     if args.rl_steps is not None:
         overrides["rl_steps"] = args.rl_steps
     if args.sft_steps is not None:

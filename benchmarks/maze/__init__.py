@@ -10,6 +10,7 @@ from sera_opt.benchmarks.maze.runner import (
     BIN_KS,
     NAME,
     PATH_BINS,
+    REPORT_ARMS,
     REPORT_KS,
     build_parser,
     main,
@@ -18,5 +19,5 @@ from sera_opt.benchmarks.maze.runner import (
     summarize,
 )
 
-__all__ = ["BIN_KS", "NAME", "PATH_BINS", "REPORT_KS", "build_parser", "main", "plot", "run",
-           "summarize"]
+__all__ = ["BIN_KS", "NAME", "REPORT_ARMS", "PATH_BINS", "REPORT_KS", "build_parser", "main",
+           "plot", "run", "summarize"]

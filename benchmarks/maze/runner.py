@@ -10,10 +10,17 @@ per allocation rule ("arm") with the multiplicity-corrected MaxRL estimator:
 * ``sera``     counts from ``RolloutPlanner("sera")`` on ``SuccessTracker`` estimates;
 * peers       e.g. ``knapsack`` or ``hora`` through the same planner and tracker.
 
+An arm is a registered policy, optionally with options: ``--arms
+uniform,sera,sera-fair:alpha=1,vip:gamma=0.001`` (values are Python literals or
+``inf``; see :func:`sera_opt.benchmarks._harness.parse_arm`). Every arm gets the
+configuration's bounds and offset; a bad arm is refused before any training.
+
 All arms of a seed start from the same weights, see the same batches and spend
 the same number of rollouts per step. The result is the unbiased pass@k on the
-held-out mazes for k = 1..64, with its spread over seeds, and the training
-curves. Writes ``maze.json``, ``maze.png`` (pass@k) and ``maze_training.png``.
+held-out mazes for k = 1..64, with its spread over seeds, the paired
+per-seed difference of every arm to uniform with a 95 % interval (paired t over
+seeds), and the training curves. Writes ``maze.json``, ``maze.png`` (pass@k)
+and ``maze_training.png``.
 
 Presets: ``--quick`` (under a minute), the default (about 5 minutes on 2 CPU
 cores with the default 2 worker processes), ``--preset hard`` (larger mazes,
@@ -35,6 +42,11 @@ from sera_opt.exceptions import SeraOptError
 
 NAME = "maze"
 REPORT_KS = (1, 2, 4, 8, 16, 32, 64)
+#: The arms of the runs that decide the recommended default (docs/benchmarks.md,
+#: "Choosing the default allocation"): ``sera-opt bench maze --arms`` followed by
+#: ``",".join(REPORT_ARMS)``, in the default and the hard configuration.
+REPORT_ARMS = ("uniform", "sera", "hora", "sera-fair:alpha=0", "sera-fair:alpha=1",
+               "sera-fair:alpha=2")
 #: Held-out mazes are grouped by the length of their shortest path (moves).
 PATH_BINS = ((1, 10), (10, 20), (20, 30), (30, 1000))
 BIN_KS = (1, 8, 64)
@@ -50,8 +62,10 @@ def build_parser():
                         help="number of runs; run i uses seed SEED + i")
     parser.add_argument("--steps", type=int, default=None, help="MaxRL steps per arm")
     parser.add_argument("--arms", default=None,
-                        help="comma-separated allocation rules, including uniform (default: "
-                             "uniform,sera,knapsack,hora)")
+                        help="comma-separated arms, each a policy name or "
+                             "name:key=value[:key=value...], including uniform (default: "
+                             "uniform,sera,knapsack,hora; the report runs use "
+                             f"{','.join(REPORT_ARMS)})")
     parser.add_argument("--rollouts-per-maze", type=int, default=None,
                         help="average rollouts per maze; the budget per step is this times "
                              "the mazes per step")
@@ -84,21 +98,23 @@ def _config_from_args(args):
     from sera_opt.benchmarks.maze.train import PRESETS, with_overrides
 
     preset = args.preset or ("quick" if args.quick else "default")
-    arms = tuple(a.strip() for a in args.arms.split(",")) if args.arms else None
-    if arms is not None:
-        import sera_opt
-
-        unknown = [a for a in arms if a not in sera_opt.available_policies()]
-        if unknown:
-            # Fail before the warm-ups, not inside a worker minutes later.
-            raise SeraOptError(f"unknown arm(s) {unknown}; available policies: "
-                               f"{', '.join(sera_opt.available_policies())}")
+    arms = None
+    if args.arms is not None:
+        arms = tuple(spec.label for spec in _harness.parse_arms(args.arms))
     config = with_overrides(
         PRESETS[preset], seeds=args.seeds, steps=args.steps, arms=arms,
         rollouts_per_maze=args.rollouts_per_maze, mazes_per_step=args.mazes_per_step,
         tracker_decay=args.tracker_decay, max_rollouts=args.max_rollouts,
         device=_resolve_device(args.device))
     return preset, config
+
+
+def check_arms(config) -> tuple[_harness.ArmSpec, ...]:
+    """Build every arm's policy with the configuration's bounds and allocate once: a bad arm
+    fails here, before the warm-ups, not inside a worker minutes later."""
+    return _harness.check_arms(config.arms, min_rollouts=config.min_rollouts,
+                        max_rollouts=config.max_rollouts, offset=config.offset,
+                        num_prompts=config.mazes_per_step, budget=config.budget)
 
 
 def _run_tasks(func, tasks, *, workers: int, desc: str, show: bool):
@@ -142,8 +158,10 @@ def _by_path_length(config, successes: np.ndarray, path: np.ndarray) -> np.ndarr
 
 
 def summarize(config, warmups: list[dict], arms: list[dict]) -> dict:
-    """Pass@k per arm (mean, median, std, min, max over seeds), paired differences to uniform,
-    and pass@k by shortest-path length of the held-out mazes."""
+    """Pass@k per arm (mean, median, std, min, max over seeds), paired differences to uniform
+    (their spread, and ``paired_vs_uniform``: mean, 95 % interval by a paired t over seeds,
+    p-value, seeds ahead / behind / tied, for every k; ``paired_vs_uniform_at`` the same at
+    pass@1, pass@16 and pass@64), and pass@k by shortest-path length of the held-out mazes."""
     seeds = [w["seed"] for w in warmups]
     paths = {w["seed"]: np.asarray(w["test_shortest_path"]) for w in warmups}
     by_arm = {arm: [r for r in arms if r["arm"] == arm] for arm in config.arms}
@@ -161,6 +179,12 @@ def summarize(config, warmups: list[dict], arms: list[dict]) -> dict:
         entry["difference_to_uniform"] = _spread(differences)
         entry["seeds_above_uniform"] = (differences > 0).sum(axis=0)
         entry["seeds_below_uniform"] = (differences < 0).sum(axis=0)
+        if arm != "uniform":
+            paired = _harness.paired_difference([r["pass_at_k"] for r in runs],
+                                                [base[r["seed"]] for r in runs])
+            entry["paired_vs_uniform"] = paired
+            entry["paired_vs_uniform_at"] = _harness.paired_difference_at(
+                paired, _harness.INTERVAL_KS)
         entry["final_train_success_rate"] = _spread(
             [[np.mean(r["curves"]["maze_success_rate"][-10:])] for r in runs])
         entry["by_path_length"] = _spread(
@@ -170,26 +194,19 @@ def summarize(config, warmups: list[dict], arms: list[dict]) -> dict:
 
 
 def _table(config, summary) -> str:
-    """pass@k (mean [min, max] over seeds), then the paired difference to uniform."""
+    """pass@k (mean [min, max] over seeds), then the paired difference to uniform with its
+    95 % interval at pass@1, pass@16 and pass@64."""
     ks = [k for k in REPORT_KS if k <= config.k_max]
+    width = max(11, *(len(a) + 1 for a in config.arms))
     lines = ["pass@k on held-out mazes, mean [min, max] over seeds",
-             "arm        " + "".join(f"  k={k:<18d}" for k in ks)]
+             "arm".ljust(width) + "".join(f"  k={k:<18d}" for k in ks)]
     for arm in ("warmup", *config.arms):
         s = summary[arm]
         cells = "".join(f"  {s['mean'][k - 1]:.3f} [{s['min'][k - 1]:.3f},{s['max'][k - 1]:.3f}]"
                         for k in ks)
-        lines.append(f"{arm:<11s}{cells}")
-    lines += ["", "minus uniform's pass@k on the same seed: mean [min, max] (seeds above/below)",
-              "arm        " + "".join(f"  k={k:<26d}" for k in ks)]
-    for arm in config.arms:
-        if arm == "uniform":
-            continue
-        d = summary[arm]["difference_to_uniform"]
-        up, down = summary[arm]["seeds_above_uniform"], summary[arm]["seeds_below_uniform"]
-        cells = "".join(
-            f"  {d['mean'][k - 1]:+.3f} [{d['min'][k - 1]:+.3f},{d['max'][k - 1]:+.3f}] "
-            f"({up[k - 1]}/{down[k - 1]})" for k in ks)
-        lines.append(f"{arm:<11s}{cells}")
+        lines.append(f"{arm:<{width}s}{cells}")
+    lines += ["", _harness.paired_table({arm: summary[arm]["paired_vs_uniform_at"]
+                                         for arm in config.arms if arm != "uniform"})]
     return "\n".join(lines)
 
 
@@ -200,8 +217,7 @@ def plot(config, summary, arms: list[dict], out_dir):
     import matplotlib.pyplot as plt
 
     ks = np.arange(1, config.k_max + 1)
-    colors = {"warmup": "0.6", "uniform": "C0", "sera": "C3", "knapsack": "C2", "hora": "C1",
-              "vip": "C4", "gvm": "C5", "sera-bayes": "C6"}
+    colors = {"warmup": "0.6", **_harness.arm_colors(config.arms)}
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4.2))
     for arm in ("warmup", *config.arms):
         s = summary[arm]
@@ -214,18 +230,9 @@ def plot(config, summary, arms: list[dict], out_dir):
     ax1.set_ylabel("pass@k on held-out mazes")
     ax1.set_title(f"mean and min-max over {config.seeds} seeds")
     ax1.legend(loc="best", fontsize=8)
-    for arm in config.arms:
-        if arm == "uniform":
-            continue
-        d = summary[arm]["difference_to_uniform"]
-        ax2.plot(ks, d["mean"], color=colors.get(arm), label=arm)
-        ax2.fill_between(ks, d["min"], d["max"], color=colors.get(arm), alpha=0.15)
-    ax2.axhline(0.0, color="0.3", linewidth=0.8)
-    ax2.set_xscale("log", base=2)
-    ax2.set_xlabel("k")
-    ax2.set_ylabel("pass@k minus uniform's (same seed)")
-    ax2.set_title("paired difference to uniform allocation")
-    ax2.legend()
+    _harness.plot_paired(ax2, ks, {arm: summary[arm]["paired_vs_uniform"]
+                                   for arm in config.arms if arm != "uniform"}, colors,
+                         seeds=config.seeds)
     # pass@64 (or the largest k) by shortest-path length, mean and min-max over seeds
     kcol = len([k for k in BIN_KS if k <= config.k_max]) - 1
     names = ("warmup", *config.arms)
@@ -301,6 +308,7 @@ def run(config, *, workers: int = 1, show_progress: bool = True, base_seed: int 
     """Warm up every seed, train every arm, and collect the results (no files written)."""
     from sera_opt.benchmarks.maze import train as _maze_train
 
+    check_arms(config)
     start = time.perf_counter()
     seeds = [base_seed + i for i in range(config.seeds)]
     warmups = _run_tasks(_maze_train.run_seed_warmup, [(config, s) for s in seeds],
