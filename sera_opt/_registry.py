@@ -16,8 +16,9 @@ class Registry:
     ("solver", "policy") in error messages.
     """
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, plural: str | None = None):
         self.kind = kind
+        self._plural = plural or f"{kind}s"
         self._entries: dict[str, type] = {}
 
     def register(self, cls: type | None = None, *, name: str | None = None,
@@ -45,7 +46,7 @@ class Registry:
             return self._entries[name]
         except (KeyError, TypeError):
             raise SeraOptError(
-                f"unknown {self.kind} {name!r}; known {self.kind}s, in preference order: "
+                f"unknown {self.kind} {name!r}; known {self._plural}, in preference order: "
                 f"{', '.join(repr(k) for k in self.names())}."
             ) from None
 

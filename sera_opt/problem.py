@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import numbers
 import operator
-from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
@@ -139,20 +138,16 @@ def success_rates(success_probs) -> np.ndarray:
 
     ``p = 1`` gives ``inf`` and ``p = 0`` gives ``0``. Computed as
     ``p log(w) / (w - 1)`` with ``w = fl(1 - p)`` (Goldberg's form of ``log1p``,
-    within an ulp of it, and ``p`` itself where ``w`` rounds to 1), which uses the
-    vectorized ``log`` rather than the scalar ``log1p``.
+    within an ulp of it, and ``p`` itself where ``w`` rounds to 1), in one compiled
+    pass (this loads numba).
     """
-    p = np.asarray(success_probs, dtype=np.float64)
-    w = np.subtract(1.0, p)
-    d = w - 1.0
-    with np.errstate(divide="ignore", invalid="ignore"):
-        np.log(w, out=w)
-        np.multiply(w, p, out=w)
-        np.divide(w, d, out=w, where=d != 0)
-    tiny = d == 0
-    if tiny.any():
-        w[tiny] = p[tiny]
-    return w if w.ndim else w[()]
+    from .solvers._waterline_kernels import rates_from_probs
+
+    p = np.ascontiguousarray(success_probs, dtype=np.float64)
+    flat = p.reshape(-1)
+    out = np.empty(flat.shape[0], dtype=np.float64)
+    rates_from_probs(flat, out)
+    return out.reshape(p.shape) if p.ndim else out[0]
 
 
 def attenuation(success_probs, counts, offset: int = 0):
@@ -257,7 +252,6 @@ def _exact_sum(values: np.ndarray) -> int:
     return sum(int(v) for v in values.tolist())
 
 
-@dataclass(frozen=True, eq=False)
 class AllocationProblem:
     """A validated rollout-allocation problem.
 
@@ -285,24 +279,26 @@ class AllocationProblem:
     SeraOptError
         On malformed input; :class:`InfeasibleBudgetError` when the budget lies
         outside ``[sum(min_rollouts), sum(max_rollouts)]``.
+
+    Notes
+    -----
+    The problem is immutable. It holds a read-only *view* of the probabilities
+    (no copy); scalar bounds are kept as scalars, and :attr:`min_rollouts` /
+    :attr:`max_rollouts` are materialized as arrays only when read.
     """
 
-    success_probs: np.ndarray
-    budget: int
-    min_rollouts: np.ndarray = 1
-    max_rollouts: np.ndarray | None = None
-    offset: int = 0
-    capped: bool = field(init=False, repr=False)
+    __slots__ = ("success_probs", "budget", "offset", "capped", "_lo", "_hi", "__dict__")
 
-    def __post_init__(self):
-        p = validate_success_probs(self.success_probs)
+    def __init__(self, success_probs, budget, min_rollouts=1, max_rollouts=None, offset=0):
+        p = validate_success_probs(success_probs)
         m = p.shape[0]
-        offset = validate_offset(self.offset)
-        budget = validate_count(self.budget, "budget")
-        lo = _as_bounds(self.min_rollouts, "min_rollouts", m)
+        offset = validate_offset(offset)
+        budget = validate_count(budget, "budget")
+        lo = _scalar_or_bounds(min_rollouts, "min_rollouts", m)
         need = 1 + offset
-        if lo.min() < need:
-            i = int(np.flatnonzero(lo < need)[0])
+        lowest = lo if isinstance(lo, int) else int(lo.min())
+        if lowest < need:
+            i = 0 if isinstance(lo, int) else int(np.flatnonzero(lo < need)[0])
             why = (
                 "with offset=1 (mean-centred estimator) a prompt with one rollout has "
                 "factor 0 and its advantage is always 0"
@@ -310,11 +306,11 @@ class AllocationProblem:
                 else "every prompt in the batch needs at least one rollout"
             )
             raise SeraOptError(
-                f"min_rollouts must be at least {need}: {why}. Got {lo[i]} at index {i}; "
+                f"min_rollouts must be at least {need}: {why}. Got {lowest} at index {i}; "
                 f"set min_rollouts={need} or more (or drop the prompt from the batch)."
             )
-        lo_total = _exact_sum(lo)
-        capped = self.max_rollouts is not None
+        lo_total = lo * m if isinstance(lo, int) else _exact_sum(lo)
+        capped = max_rollouts is not None
         if not capped:
             if budget < lo_total:
                 raise InfeasibleBudgetError(
@@ -324,14 +320,17 @@ class AllocationProblem:
                 )
             hi = lo + (budget - lo_total)
         else:
-            hi = _as_bounds(self.max_rollouts, "max_rollouts", m)
-            if (hi < lo).any():
-                i = int(np.flatnonzero(hi < lo)[0])
+            hi = _scalar_or_bounds(max_rollouts, "max_rollouts", m)
+            below = np.asarray(np.asarray(hi) < np.asarray(lo))
+            if below.any():
+                i = 0 if below.ndim == 0 else int(np.flatnonzero(below)[0])
+                low_i = lo if isinstance(lo, int) else int(lo[i])
+                high_i = hi if isinstance(hi, int) else int(hi[i])
                 raise SeraOptError(
                     f"max_rollouts must be >= min_rollouts for every prompt; at index {i} "
-                    f"max_rollouts={hi[i]} < min_rollouts={lo[i]}."
+                    f"max_rollouts={high_i} < min_rollouts={low_i}."
                 )
-            hi_total = _exact_sum(hi)
+            hi_total = hi * m if isinstance(hi, int) else _exact_sum(hi)
             if budget < lo_total or budget > hi_total:
                 raise InfeasibleBudgetError(
                     f"budget={budget} is infeasible for {m} prompts with these bounds: it "
@@ -339,24 +338,66 @@ class AllocationProblem:
                     f"{hi_total}]. Change the budget or the bounds; sera_opt never clips the "
                     f"budget."
                 )
-        lo.setflags(write=False)
-        hi.setflags(write=False)
+        for arr in (lo, hi):
+            if not isinstance(arr, int):
+                arr.setflags(write=False)
         # A read-only view: the caller's array keeps its own flags, and no copy is made.
         p = p.view()
         p.setflags(write=False)
-        object.__setattr__(self, "success_probs", p)
-        object.__setattr__(self, "budget", budget)
-        object.__setattr__(self, "min_rollouts", lo)
-        object.__setattr__(self, "max_rollouts", hi)
-        object.__setattr__(self, "offset", offset)
-        object.__setattr__(self, "capped", capped)
+        setattr_ = object.__setattr__
+        setattr_(self, "success_probs", p)
+        setattr_(self, "budget", budget)
+        setattr_(self, "offset", offset)
+        setattr_(self, "capped", capped)
+        setattr_(self, "_lo", lo)
+        setattr_(self, "_hi", hi)
+        setattr_(self, "_spare", budget - lo_total)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"AllocationProblem is immutable; cannot set {name!r}.")
+
+    def __repr__(self) -> str:
+        return (f"AllocationProblem(num_prompts={self.num_prompts}, budget={self.budget}, "
+                f"offset={self.offset})")
 
     @cached_property
+    def min_rollouts(self) -> np.ndarray:
+        """Per-prompt minimums (int64, read-only)."""
+        return _full(self._lo, self.num_prompts)
+
+    @cached_property
+    def max_rollouts(self) -> np.ndarray:
+        """Per-prompt maximums (int64, read-only)."""
+        return _full(self._hi, self.num_prompts)
+
+    @property
+    def uniform_bounds(self) -> bool:
+        """Whether every prompt has the same minimum and the same maximum."""
+        return isinstance(self._lo, int) and isinstance(self._hi, int)
+
+    def _rates_and_edges(self):
+        cache = self.__dict__.get("_rates_cache")
+        if cache is None:
+            from .solvers._waterline_kernels import rates_from_probs
+
+            p = np.ascontiguousarray(self.success_probs, dtype=np.float64)
+            rates = np.empty(p.shape[0], dtype=np.float64)
+            zeros, infs = rates_from_probs(p, rates)
+            rates.setflags(write=False)
+            cache = self.__dict__["_rates_cache"] = (rates, int(zeros), int(infs))
+        return cache
+
+    @property
     def rates(self) -> np.ndarray:
-        """``a_i = -log(1 - p_i)`` (float64, read-only), computed once on first use."""
-        rates = np.asarray(success_rates(self.success_probs), dtype=np.float64)
-        rates.setflags(write=False)
-        return rates
+        """``a_i = -log(1 - p_i)`` (float64, read-only), computed once on first use
+        (:func:`success_rates`)."""
+        return self._rates_and_edges()[0]
+
+    @property
+    def has_edges(self) -> bool:
+        """Whether some prompt has ``p = 0`` or ``p = 1`` (rate 0 or inf)."""
+        _, zeros, infs = self._rates_and_edges()
+        return bool(zeros or infs)
 
     @property
     def num_prompts(self) -> int:
@@ -371,7 +412,7 @@ class AllocationProblem:
     @property
     def spare_budget(self) -> int:
         """Rollouts left after every prompt has its minimum, ``B - sum(min)``."""
-        return self.budget - _exact_sum(self.min_rollouts)
+        return self._spare
 
     def factors(self, counts) -> np.ndarray:
         """Attenuation factors ``w_c(p_i, n_i)`` at ``counts``, in the inputs' float dtype."""
@@ -405,3 +446,28 @@ class AllocationProblem:
                 f"counts sum to {total}, not to the budget {self.budget}."
             )
         return n
+
+
+def _scalar_or_bounds(value, name: str, m: int):
+    """A bound as a Python int (the same for every prompt) or a read-only int64 array."""
+    if np.ndim(value) == 0 and not isinstance(value, (bool, np.bool_)):
+        try:
+            return validate_count(value, name)
+        except SeraOptError:
+            if isinstance(value, numbers.Number) or np.ndim(value) == 0:
+                arr = np.asarray(value)
+                if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.number):
+                    raise SeraOptError(
+                        f"{name} must be an integer or an array of integers, got {value!r}."
+                    ) from None
+            raise
+    arr = _as_bounds(value, name, m)
+    if arr.size and arr.min() == arr.max():
+        return int(arr[0])
+    return arr
+
+
+def _full(value, m: int) -> np.ndarray:
+    arr = np.full(m, value, dtype=np.int64) if isinstance(value, int) else value
+    arr.setflags(write=False)
+    return arr

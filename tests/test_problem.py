@@ -96,7 +96,7 @@ class TestProblemValidation:
             (dict(success_probs=[0.1, 0.2], budget=4, min_rollouts=1, offset=1), "at least 2"),
             (dict(success_probs=[0.1, 0.2], budget=4, min_rollouts=3, max_rollouts=2), ">= min"),
             (dict(success_probs=[0.1, 0.2], budget=4, min_rollouts=[1, 2, 3]), "shape"),
-            (dict(success_probs=[0.1, 0.2], budget=4, max_rollouts=2.5), "whole numbers"),
+            (dict(success_probs=[0.1, 0.2], budget=4, max_rollouts=2.5), "whole number"),
             (dict(success_probs=[0.1, 0.2], budget=4, offset=3), "offset"),
             (dict(success_probs=[0.1, 0.2], budget=4, offset=True), "offset"),
         ],

@@ -26,7 +26,7 @@ __all__ = [
     "DEFAULT_MAX_RATIO",
 ]
 
-POLICIES = Registry("policy")
+POLICIES = Registry("policy", "policies")
 
 #: The default cap of the SERA policies and of :func:`sera_opt.allocate`: with no
 #: ``max_rollouts``, no prompt gets more than ``ceil(4 * budget / M)`` rollouts.

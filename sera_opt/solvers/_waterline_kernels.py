@@ -1,13 +1,25 @@
 """numba kernels of the waterline solver. Imported lazily: this module loads numba.
 
-All kernels work on one *tier* of prompts whose level grows linearly with a
-positive finite rate: the level after ``m`` effective rollouts is
-``rates[i] * m``. A prompt starts at ``m = m_lo[i]`` (>= 1) and may take
-``cap[i]`` more rollouts. Its k-th extra rollout (k = 0 .. cap-1) is handed out
-at the *pre-level* ``rates[i] * (m_lo[i] + k)``: the level it has before it.
+The kernels work on prompts whose level grows linearly with a positive finite
+rate: the level after ``m`` effective rollouts is ``rates[i] * m``. A prompt
+starts at ``m_lo = lo - c`` (>= 1) effective rollouts and may take ``cap = hi -
+lo`` more. Its k-th extra rollout (k = 0 .. cap-1) is handed out at the
+*pre-level* ``rates[i] * (m_lo + k)``: the level it has before it.
+
+Bounds are either one entry per prompt or, with ``uniform=True``, a single
+entry (index 0) shared by every prompt, so that the common case of scalar
+bounds reads one array per pass instead of three.
+
+Each pass over the prompts either only *counts* (read-only, no full-size
+writes) or writes the result; the search keeps no per-prompt state between
+passes. The prompts whose count differs between the two ends of the final
+bracket are few (at most ``max(_COLLECT_MIN, M / 16)`` pre-levels), and one
+pass writes the counts at the lower end and collects those pre-levels.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from numba import njit
@@ -15,6 +27,32 @@ from numba import njit
 # Stop narrowing the integer bracket once it holds this many pre-levels (or
 # fewer): selecting among them directly is cheaper than more passes.
 _COLLECT_MIN = 2048
+
+
+@njit(cache=True)
+def rates_from_probs(p, out):
+    """``out = -log(1 - p)`` (Goldberg's form of ``log1p``: ``p log(w) / (w - 1)`` with
+    ``w = fl(1 - p)``, within an ulp of ``log1p``, and ``p`` where ``w`` rounds to 1).
+
+    One pass, with ``math.log`` (several times faster than ``log1p``). Returns the
+    numbers of prompts with rate 0 (``p = 0``) and rate inf (``p = 1``).
+    """
+    zeros = 0
+    infs = 0
+    for i in range(p.shape[0]):
+        x = p[i]
+        w = 1.0 - x
+        d = w - 1.0
+        if d == 0.0:
+            out[i] = x
+            if x == 0.0:
+                zeros += 1
+        elif w == 0.0:
+            out[i] = np.inf
+            infs += 1
+        else:
+            out[i] = x * math.log(w) / d
+    return zeros, infs
 
 
 @njit(cache=True, inline="always")
@@ -50,191 +88,222 @@ def count_below(rates, m_lo, cap, level, out):
     return total
 
 
-@njit(cache=True)
-def count_below_slope(rates, m_lo, cap, level, out):
-    """:func:`count_below`, plus the slope of its continuous relaxation at ``level``.
+@njit(cache=True, inline="always")
+def _bounds(lo, hi, uniform, c, i):
+    """``(m_lo, cap)`` of prompt ``i``."""
+    j = 0 if uniform else i
+    return lo[j] - c, hi[j] - lo[j]
 
-    The slope is ``sum 1 / a_i`` over prompts strictly between their bounds:
-    the Newton step that locates the threshold uses it.
-    """
+
+@njit(cache=True)
+def _total_below(rates, lo, hi, uniform, c, level):
+    """``G(level)``, the number of pre-levels strictly below ``level``, and the slope of
+    its continuous relaxation there (``sum 1 / a_i`` over prompts strictly inside)."""
     total = 0
     slope = 0.0
     for i in range(rates.shape[0]):
-        k = _count_one(rates[i], m_lo[i], cap[i], level)
-        if 0 < k < cap[i]:
+        m, cap = _bounds(lo, hi, uniform, c, i)
+        k = _count_one(rates[i], m, cap, level)
+        if 0 < k < cap:
             slope += 1.0 / rates[i]
-        out[i] = k
         total += k
     return total, slope
 
 
 @njit(cache=True)
-def integer_fill(rates, m_lo, cap, extra, hint=np.nan):
-    """Hand out ``extra`` rollouts one at a time to the lowest current level.
+def _extremes(rates, lo, hi, uniform, c):
+    """Smallest first pre-level, largest last one, the total capacity, and the root of
+    the relaxation if every prompt were strictly between its bounds (its ``sum 1/a`` and
+    ``sum m_lo``)."""
+    first = np.inf
+    last = -np.inf
+    total = 0
+    inv_sum = 0.0
+    m_sum = 0.0
+    for i in range(rates.shape[0]):
+        m, cap = _bounds(lo, hi, uniform, c, i)
+        if cap > 0:
+            a = rates[i]
+            b0 = a * m
+            b1 = a * (m + cap - 1)
+            if b0 < first:
+                first = b0
+            if b1 > last:
+                last = b1
+            total += cap
+            inv_sum += 1.0 / a
+            m_sum += m
+    return first, last, total, inv_sum, m_sum
 
-    Returns the per-prompt increments of the greedy: every pre-level strictly
-    below the threshold ``T`` (the ``extra``-th smallest pre-level) is taken;
-    ties at ``T`` go to the largest rate first (its next level is highest, the
+
+@njit(cache=True)
+def linear_solve(rates, lo, hi, uniform, c, extra, hint, counts):
+    """SERA's greedy: hand out ``extra`` rollouts one at a time to the lowest level.
+
+    Writes ``counts`` (``lo`` plus the increments). Every pre-level strictly below
+    the threshold ``T`` (the ``extra``-th smallest pre-level) is taken; ties at
+    ``T`` go to the largest rate first (its next level is highest, the
     lexicographically better choice), then to the lowest index.
 
     ``T`` is bracketed by Newton steps (safeguarded by bisection) on the step
-    function ``G(L) = #pre-levels < L``, each evaluation one O(M) pass, from
+    function ``G(L) = #pre-levels < L``, each evaluation one read-only pass, from
     ``hint`` (the continuous waterline, when known) or the relaxation's
-    all-active root, until the bracket holds few pre-levels; those are
-    collected and ``T`` selected exactly with a partition.
+    all-active root, until the bracket holds few pre-levels; one pass then
+    writes the counts at the bracket's lower end and collects the pre-levels
+    inside it, among which ``T`` is selected exactly by a partition.
     """
     n = rates.shape[0]
-    inc = np.zeros(n, dtype=np.int64)
-    if extra <= 0:
-        return inc
-    lo = np.inf
-    hi = -np.inf
-    total = 0
-    for i in range(n):
-        if cap[i] > 0:
-            first = rates[i] * m_lo[i]
-            last = rates[i] * (m_lo[i] + cap[i] - 1)
-            if first < lo:
-                lo = first
-            if last > hi:
-                hi = last
-            total += cap[i]
-    if extra >= total:
+    lo_l, hi_l, total, inv_sum, m_sum = _extremes(rates, lo, hi, uniform, c)
+    if extra <= 0 or extra >= total:
+        full = extra > 0
         for i in range(n):
-            inc[i] = cap[i]
-        return inc
-    hi = np.nextafter(hi, np.inf)
+            j = 0 if uniform else i
+            counts[i] = hi[j] if full else lo[j]
+        return
+    hi_l = np.nextafter(hi_l, np.inf)
     g_lo = 0  # nothing lies strictly below the smallest pre-level
     g_hi = total
     target = extra - 0.5
     limit = max(_COLLECT_MIN, n >> 4)
-    work = np.empty(n, dtype=np.int64)
-    if lo < hint < hi:
+    if lo_l < hint < hi_l:
         level = hint
     else:
-        # Root of the relaxation if every prompt were strictly inside its bounds.
-        inv_sum = 0.0
-        m_sum = 0.0
-        for i in range(n):
-            if cap[i] > 0:
-                inv_sum += 1.0 / rates[i]
-                m_sum += m_lo[i]
         level = (target + m_sum) / inv_sum
-        if not (lo < level < hi):
-            level = 0.5 * (lo + hi)
+        if not (lo_l < level < hi_l):
+            level = 0.5 * (lo_l + hi_l)
     for _ in range(200):
-        if g_hi - g_lo <= limit or hi <= np.nextafter(lo, np.inf):
+        if g_hi - g_lo <= limit or hi_l <= np.nextafter(lo_l, np.inf):
             break
-        g, slope = count_below_slope(rates, m_lo, cap, level, work)
+        g, slope = _total_below(rates, lo, hi, uniform, c, level)
         if g < extra:
-            lo = level
+            lo_l = level
             g_lo = g
         else:
-            hi = level
+            hi_l = level
             g_hi = g
         # Newton step on the count, safeguarded by the bracket.
-        nxt = level + (target - g) / slope if slope > 0.0 else 0.5 * (lo + hi)
-        if not (lo < nxt < hi):
-            nxt = 0.5 * (lo + hi)
-            if not (lo < nxt < hi):
+        nxt = level + (target - g) / slope if slope > 0.0 else 0.5 * (lo_l + hi_l)
+        if not (lo_l < nxt < hi_l):
+            nxt = 0.5 * (lo_l + hi_l)
+            if not (lo_l < nxt < hi_l):
                 break
         level = nxt
-    # Collect the pre-levels in [lo, hi) and select the one ranked `need`.
-    cnt_lo = np.empty(n, dtype=np.int64)
-    count_below(rates, m_lo, cap, lo, cnt_lo)
-    count_below(rates, m_lo, cap, hi, work)
+    # One pass: the counts at lo_l, and the pre-levels in [lo_l, hi_l) with their owners.
     vals = np.empty(g_hi - g_lo, dtype=np.float64)
-    j = 0
+    owner = np.empty(g_hi - g_lo, dtype=np.int64)
+    e = 0
     for i in range(n):
-        for k in range(cnt_lo[i], work[i]):
-            vals[j] = rates[i] * (m_lo[i] + k)
-            j += 1
+        j = 0 if uniform else i
+        m = lo[j] - c
+        cap = hi[j] - lo[j]
+        a = rates[i]
+        k0 = _count_one(a, m, cap, lo_l)
+        counts[i] = lo[j] + k0
+        if k0 < cap and a * (m + k0) < hi_l:
+            k1 = _count_one(a, m, cap, hi_l)
+            for k in range(k0, k1):
+                vals[e] = a * (m + k)
+                owner[e] = i
+                e += 1
     need = extra - g_lo
     threshold = np.partition(vals, need - 1)[need - 1]
-    taken = count_below(rates, m_lo, cap, threshold, inc)
-    remaining = extra - taken
-    # Ties exactly at the threshold: the prompts whose next pre-level equals it.
-    ties = np.empty(n, dtype=np.int64)
+    # Take every collected pre-level below the threshold (they are each row's next ones,
+    # in order); ties at the threshold by rate (larger first), then index.
+    taken = 0
+    n_ties = 0
+    for f in range(e):
+        if vals[f] < threshold:
+            counts[owner[f]] += 1
+            taken += 1
+        elif vals[f] == threshold:
+            n_ties += 1
+    remaining = need - taken
+    if remaining == 0:
+        return
+    ties = np.empty(n_ties, dtype=np.int64)
     t = 0
-    for i in range(n):
-        if inc[i] < cap[i] and rates[i] * (m_lo[i] + inc[i]) == threshold:
-            ties[t] = i
+    for f in range(e):
+        if vals[f] == threshold:
+            ties[t] = owner[f]
             t += 1
-    ties = ties[:t]
-    if remaining < t:
-        # Stable sort on -rate keeps index order among equal rates.
+    if remaining < n_ties:
+        # Stable sort on -rate keeps index order among equal rates (owners are in
+        # index order, and a row has at most one pre-level at a given value).
         order = np.argsort(-rates[ties], kind="mergesort")
         ties = ties[order[:remaining]]
     for i in ties:
-        inc[i] += 1
-    return inc
+        counts[i] += 1
 
 
 @njit(cache=True)
-def continuous_fill(rates, m_lo, cap, extra):
-    """Continuous waterline on one tier: ``x_i(L) = clip(L / a_i - m_lo_i, 0, cap_i)``, ``sum x = extra``.
+def linear_relax(rates, lo, hi, uniform, c, extra, relaxed):
+    """The continuous waterline: ``x_i(L) = clip(L / a_i - m_lo_i, 0, cap_i)`` with
+    ``sum x = extra``; writes ``relaxed = lo + x`` and returns ``L``.
 
-    ``F(L) = sum_i x_i(L)`` is piecewise linear. Each pass evaluates the piece
-    that contains ``L`` (its active set, slope, and the neighbouring
+    ``F(L) = sum_i x_i(L)`` is piecewise linear. Each read-only pass evaluates the
+    piece that contains ``L`` (its active set, slope, and the neighbouring
     breakpoints) and the closed-form root of that piece's line; when the root
     lies inside the piece it is the exact waterline (a combinatorial stopping
     rule, no tolerance). Otherwise the next ``L`` is that root when it lies in
     the bracket, else the bracket's midpoint.
-
-    Returns ``(L, x)``.
     """
     n = rates.shape[0]
-    x = np.zeros(n, dtype=np.float64)
-    lo = np.inf
-    hi = -np.inf
+    lo_l = np.inf
+    hi_l = -np.inf
     total = 0.0
     inv_sum = 0.0
     m_sum = 0.0
     for i in range(n):
-        if cap[i] > 0:
-            b0 = rates[i] * m_lo[i]
-            b1 = rates[i] * (m_lo[i] + cap[i])
-            if b0 < lo:
-                lo = b0
-            if b1 > hi:
-                hi = b1
-            total += cap[i]
-            inv_sum += 1.0 / rates[i]
-            m_sum += m_lo[i]
+        m, cap = _bounds(lo, hi, uniform, c, i)
+        if cap > 0:
+            a = rates[i]
+            b0 = a * m
+            b1 = a * (m + cap)
+            if b0 < lo_l:
+                lo_l = b0
+            if b1 > hi_l:
+                hi_l = b1
+            total += cap
+            inv_sum += 1.0 / a
+            m_sum += m
     if total == 0.0 or extra <= 0.0:
-        return (lo if total > 0.0 else 0.0), x
-    if extra >= total:
-        for i in range(n):
-            x[i] = cap[i]
-        return hi, x
-    # Start from the root of the piece where every prompt is active.
-    level = (extra + m_sum) / inv_sum
-    if not (lo < level < hi):
-        level = 0.5 * (lo + hi)
-    root = level
-    for _ in range(400):
+        root = lo_l if total > 0.0 else 0.0
+        done = True
+    elif extra >= total:
+        root = hi_l
+        done = True
+    else:
+        done = False
+        # Start from the root of the piece where every prompt is active.
+        level = (extra + m_sum) / inv_sum
+        if not (lo_l < level < hi_l):
+            level = 0.5 * (lo_l + hi_l)
+        root = level
+    for _ in range(0 if done else 400):
         slope = 0.0
         act_m = 0.0
         full = 0.0
         left = -np.inf
         right = np.inf
         for i in range(n):
-            if cap[i] == 0:
+            m, cap = _bounds(lo, hi, uniform, c, i)
+            if cap == 0:
                 continue
-            b0 = rates[i] * m_lo[i]
-            b1 = rates[i] * (m_lo[i] + cap[i])
+            a = rates[i]
+            b0 = a * m
+            b1 = a * (m + cap)
             if level < b0:
                 if b0 < right:
                     right = b0
             elif level < b1:
-                slope += 1.0 / rates[i]
-                act_m += m_lo[i]
+                slope += 1.0 / a
+                act_m += m
                 if b0 > left:
                     left = b0
                 if b1 < right:
                     right = b1
             else:
-                full += cap[i]
+                full += cap
                 if b1 > left:
                     left = b1
         value = slope * level - act_m + full
@@ -246,19 +315,24 @@ def continuous_fill(rates, m_lo, cap, extra):
             root = level
             break
         if value < extra:
-            lo = level
+            lo_l = level
         else:
-            hi = level
-        if slope > 0.0 and lo < root < hi:
+            hi_l = level
+        if slope > 0.0 and lo_l < root < hi_l:
             level = root
         else:
-            nxt = 0.5 * (lo + hi)
-            if not (lo < nxt < hi):
+            nxt = 0.5 * (lo_l + hi_l)
+            if not (lo_l < nxt < hi_l):
                 root = level
                 break
             level = nxt
     for i in range(n):
-        if cap[i] > 0:
-            v = root / rates[i] - m_lo[i]
-            x[i] = min(max(v, 0.0), cap[i])
-    return root, x
+        j = 0 if uniform else i
+        m = lo[j] - c
+        cap = hi[j] - lo[j]
+        if cap > 0:
+            v = root / rates[i] - m
+            relaxed[i] = lo[j] + min(max(v, 0.0), cap)
+        else:
+            relaxed[i] = lo[j]
+    return root

@@ -322,13 +322,16 @@ class PointLevels(SeparableObjective):
         return lo + _linear_fill(self.rates[idx], lo - self.offset, hi - lo, spare, self.hint)
 
 
-def _linear_fill(rates, m_lo, cap, extra, hint=float("nan")) -> np.ndarray:
+def _linear_fill(rates, m_lo, cap, extra, hint=math.nan) -> np.ndarray:
     """Increments of SERA's greedy on finite positive rates (the waterline kernels)."""
-    from ._waterline_kernels import integer_fill
+    from ._waterline_kernels import linear_solve
 
-    return integer_fill(np.ascontiguousarray(rates, dtype=np.float64),
-                        np.ascontiguousarray(m_lo, dtype=np.int64),
-                        np.ascontiguousarray(cap, dtype=np.int64), int(extra), float(hint))
+    lo = np.ascontiguousarray(m_lo, dtype=np.int64)  # offset 0: lo is m_lo itself
+    hi = lo + np.ascontiguousarray(cap, dtype=np.int64)
+    counts = np.empty(lo.shape[0], dtype=np.int64)
+    linear_solve(np.ascontiguousarray(rates, dtype=np.float64), lo, hi, False, 0, int(extra),
+                 float(hint), counts)
+    return counts - lo
 
 
 class BetaLevels(_KernelObjective):

@@ -1,13 +1,15 @@
 """The waterline solver: closed-form relaxation plus exact integer allocation (numba).
 
 This is SERA's fast path in the separable engine: the objective is
-:class:`~sera_opt.solvers.separable.PointLevels`, the edges go through
-:mod:`~sera_opt.solvers._tiers`, and the ordinary prompts through the waterline
-kernels.
+:class:`~sera_opt.solvers.separable.PointLevels`. When no prompt has ``p = 0``
+or ``p = 1`` (the common case) the kernels run once over all prompts, with
+scalar bounds passed as scalars; otherwise the edges go through
+:mod:`~sera_opt.solvers._tiers` and the kernels serve the ordinary prompts.
 """
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -16,9 +18,18 @@ from ..problem import AllocationProblem
 from ..result import Allocation
 from . import _tiers
 from .base import Solver, register_solver
-from .separable import PointLevels, _solve
+from .separable import PointLevels
 
 __all__ = ["WaterlineSolver", "continuous_waterline", "integer_waterline"]
+
+
+def _kernel_bounds(problem: AllocationProblem):
+    """``(lo, hi, uniform)`` as the kernels take them: one entry each when uniform."""
+    if problem.uniform_bounds:
+        return (np.array([problem._lo], dtype=np.int64), np.array([problem._hi], dtype=np.int64),
+                True)
+    return (np.ascontiguousarray(problem.min_rollouts), np.ascontiguousarray(problem.max_rollouts),
+            False)
 
 
 def continuous_waterline(problem: AllocationProblem) -> tuple[np.ndarray, float]:
@@ -31,16 +42,26 @@ def continuous_waterline(problem: AllocationProblem) -> tuple[np.ndarray, float]
     division (no tolerance loop). Prompts with ``p = 0`` / ``p = 1`` follow the
     limit order of :mod:`sera_opt.solvers._tiers`.
     """
-    from ._waterline_kernels import continuous_fill
+    from ._waterline_kernels import linear_relax
 
     rates = problem.rates
-    lo, c = problem.min_rollouts, problem.offset
+    c = problem.offset
+    if not problem.has_edges:
+        lo, hi, uniform = _kernel_bounds(problem)
+        relaxed = np.empty(problem.num_prompts, dtype=np.float64)
+        level = linear_relax(rates, lo, hi, uniform, c, float(problem.spare_budget), relaxed)
+        return relaxed, float(level)
+    lo = problem.min_rollouts
     m_lo = lo - c
     cap = problem.max_rollouts - lo
 
     def finite(idx, take):
-        return continuous_fill(np.ascontiguousarray(rates[idx]), np.ascontiguousarray(m_lo[idx]),
-                               np.ascontiguousarray(cap[idx]), float(take))
+        lo_t = np.ascontiguousarray(lo[idx])
+        out = np.empty(lo_t.shape[0], dtype=np.float64)
+        level = linear_relax(np.ascontiguousarray(rates[idx]), lo_t,
+                             np.ascontiguousarray(problem.max_rollouts[idx]), False, c,
+                             float(take), out)
+        return level, out - lo_t
 
     def lowest_level():
         # With no spare budget every level at or below the lowest one solves the
@@ -52,7 +73,7 @@ def continuous_waterline(problem: AllocationProblem) -> tuple[np.ndarray, float]
     return lo + inc, float(level)
 
 
-def integer_waterline(problem: AllocationProblem, hint: float = float("nan")) -> np.ndarray:
+def integer_waterline(problem: AllocationProblem, hint: float = math.nan) -> np.ndarray:
     """The lexicographically max-min optimal integer counts (exact).
 
     Equal to handing out the spare budget one rollout at a time to the prompt
@@ -62,9 +83,18 @@ def integer_waterline(problem: AllocationProblem, hint: float = float("nan")) ->
     per pass, a few passes. ``hint``, the continuous waterline level, is a
     good starting point for that search (it only affects speed).
     """
+    from ._waterline_kernels import linear_solve
+
+    if not problem.has_edges:
+        lo, hi, uniform = _kernel_bounds(problem)
+        counts = np.empty(problem.num_prompts, dtype=np.int64)
+        linear_solve(problem.rates, lo, hi, uniform, problem.offset, problem.spare_budget,
+                     float(hint), counts)
+        return counts
     objective = PointLevels.from_problem(problem, hint=hint)
-    lo = problem.min_rollouts
-    return _solve(objective, lo, problem.max_rollouts, problem.spare_budget,
+    from .separable import _solve
+
+    return _solve(objective, problem.min_rollouts, problem.max_rollouts, problem.spare_budget,
                   np.zeros(4, dtype=np.int64))
 
 
@@ -100,7 +130,7 @@ class WaterlineSolver(Solver):
         start = time.perf_counter()
         relaxed, level = continuous_waterline(problem) if continuous else (None, None)
         # The integer threshold lies just below the relaxation's level.
-        counts = integer_waterline(problem, float("nan") if level is None else level)
+        counts = integer_waterline(problem, math.nan if level is None else level)
         elapsed = time.perf_counter() - start
         return Allocation._trusted(problem, counts, solver=self.name, wall_time=elapsed,
                                    objective=PointLevels.from_problem(problem),
