@@ -378,8 +378,11 @@ class AllocationProblem:
     def _rates_and_edges(self):
         cache = self.__dict__.get("_rates_cache")
         if cache is None:
-            from .solvers._waterline_kernels import rates_from_probs
+            from . import _jit
+            from .solvers import _waterline_kernels
 
+            _jit.announce_compilation(_waterline_kernels, "rates_from_probs")
+            rates_from_probs = _waterline_kernels.rates_from_probs
             p = np.ascontiguousarray(self.success_probs, dtype=np.float64)
             rates = np.empty(p.shape[0], dtype=np.float64)
             zeros, infs = rates_from_probs(p, rates)

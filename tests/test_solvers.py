@@ -343,3 +343,35 @@ def test_continuous_with_edges():
     counts, level = sera_opt.waterline([0.0, 0.0, 0.5], 5, max_rollouts=6, return_level=True)
     assert level == 0.0
     np.testing.assert_allclose(counts, [2, 2, 1])
+
+
+# ----------------------------------------------------------------------------
+# what a user sees
+# ----------------------------------------------------------------------------
+
+def _run(code: str, env=None):
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, **(env or {})}, check=True)
+
+
+def test_the_milp_solver_prints_no_banner_into_the_callers_output():
+    pytest.importorskip("highspy")
+    out = _run("import sera_opt\n"
+               "a = sera_opt.allocate([0.9, 0.5, 0.05], 24, max_rollouts=16, solver='milp')\n"
+               "print(a.counts.tolist())")
+    assert out.stdout == "[2, 6, 16]\n", out.stdout
+
+
+def test_a_first_compilation_is_announced_once_and_a_cached_run_is_quiet(tmp_path):
+    from sera_opt._jit import MESSAGE
+
+    code = "import sera_opt\nsera_opt.allocate([0.5, 0.2], 6)\nsera_opt.allocate([0.1], 3)\n"
+    env = {"NUMBA_CACHE_DIR": str(tmp_path / "numba-cache")}
+    first = _run(code, env)
+    assert first.stderr.count(MESSAGE) == 1, first.stderr
+    second = _run(code, env)
+    assert MESSAGE not in second.stderr, second.stderr

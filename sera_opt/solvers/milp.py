@@ -19,6 +19,45 @@ __all__ = ["MILPSolver"]
 _MILP_SOLVERS = ("HIGHS", "SCIPY", "SCIP", "GLPK_MI", "CBC")
 
 
+_BANNER_SILENCED = False
+
+
+def _silence_highs_banner() -> None:
+    """HiGHS prints a copyright banner on standard output the first time a process
+    creates a solver, in the middle of whatever the caller prints (``sera-opt allocate
+    --solver milp`` writes the counts there). Create that first solver with the
+    process's standard output pointed at the null device, once."""
+    global _BANNER_SILENCED
+    if _BANNER_SILENCED:
+        return
+    _BANNER_SILENCED = True
+    try:
+        import highspy
+    except ImportError:
+        return
+    import ctypes
+    import os
+    import sys
+
+    try:
+        sys.stdout.flush()
+        saved = os.dup(1)
+    except (OSError, ValueError, AttributeError):
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        highspy.Highs()
+        try:  # the banner may sit in C's stdout buffer: flush it into the null device
+            ctypes.CDLL(None).fflush(None)
+        except (OSError, AttributeError):
+            pass
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
+
+
 def _pick_solver(requested: str | None) -> str:
     import cvxpy as cp
 
@@ -183,6 +222,8 @@ class MILPSolver(Solver):
 
     def _solve(self, problem: AllocationProblem, milp_solver: str | None = None) -> Allocation:
         solver = _pick_solver(milp_solver)
+        if solver == "HIGHS":
+            _silence_highs_banner()
         start = time.perf_counter()
         rates = problem.rates
         lo = problem.min_rollouts

@@ -245,8 +245,10 @@ class SeparableObjective:
         """Counts for the rows ``idx`` (a slice or index array) with bounds ``lo``, ``hi``
         (already restricted to them) and ``spare`` rollouts above ``sum(lo)``."""
         if self._kind is not None:
+            from .. import _jit
             from . import _separable_kernels as kernels
 
+            _jit.announce_compilation(kernels, "solve")
             p0, p1, p2 = (np.ascontiguousarray(x[idx]) for x in self._params())
             return kernels.solve(self._kind, p0, p1, p2, self.offset, lo, hi, spare,
                                  self.sense == "max-min", self._tie_rtol, stats)

@@ -23,6 +23,14 @@ from .separable import PointLevels
 __all__ = ["WaterlineSolver", "continuous_waterline", "integer_waterline"]
 
 
+def _kernels():
+    from .. import _jit
+    from . import _waterline_kernels
+
+    _jit.announce_compilation(_waterline_kernels, "linear_solve", "linear_relax")
+    return _waterline_kernels
+
+
 def _kernel_bounds(problem: AllocationProblem):
     """``(lo, hi, uniform)`` as the kernels take them: one entry each when uniform."""
     if problem.uniform_bounds:
@@ -42,8 +50,7 @@ def continuous_waterline(problem: AllocationProblem) -> tuple[np.ndarray, float]
     division (no tolerance loop). Prompts with ``p = 0`` / ``p = 1`` follow the
     limit order of :mod:`sera_opt.solvers._tiers`.
     """
-    from ._waterline_kernels import linear_relax
-
+    linear_relax = _kernels().linear_relax
     rates = problem.rates
     c = problem.offset
     if not problem.has_edges:
@@ -83,8 +90,7 @@ def integer_waterline(problem: AllocationProblem, hint: float = math.nan) -> np.
     per pass, a few passes. ``hint``, the continuous waterline level, is a
     good starting point for that search (it only affects speed).
     """
-    from ._waterline_kernels import linear_solve
-
+    linear_solve = _kernels().linear_solve
     if not problem.has_edges:
         lo, hi, uniform = _kernel_bounds(problem)
         counts = np.empty(problem.num_prompts, dtype=np.int64)
