@@ -90,24 +90,79 @@ def test_evidence_matches_bincount_at_scale():
         np.testing.assert_array_equal(s + f, trials)
 
 
-def test_sparse_integer_ids_switch_from_table_to_sorted_keys():
+def test_sparse_integer_ids_switch_from_table_to_hash_table():
     tracker = SuccessTracker(prior=(1.0, 1.0))
     tracker.update([0, 1, 2], [1, 0, 1])
-    assert tracker._table is not None
+    assert tracker._index.int_mode == "table"
     tracker.update([10**15, 1], [1, 1])  # far outside any direct table
-    assert tracker._table is None
+    assert tracker._index.int_mode == "hash"
     alpha, beta = tracker.posterior([0, 1, 2, 10**15, -5])
     assert alpha.tolist() == [2.0, 2.0, 2.0, 2.0, 1.0]
     assert beta.tolist() == [1.0, 2.0, 1.0, 1.0, 1.0]
+
+
+class LazyReference:
+    """The tracker's evidence rule written out over a dict, with the same floating-point
+    operations: stored (s, f) at the last touch, ``s * decay**k + wins`` at the next one."""
+
+    def __init__(self, decay):
+        self.decay, self.step, self.rows = decay, 0, {}
+
+    def update(self, ids, rewards):
+        self.step += 1
+        batch = {}
+        for key, r in zip(ids, rewards):
+            trials, wins = batch.get(key, (0, 0.0))
+            batch[key] = (trials + 1, wins + float(r))
+        for key, (trials, wins) in batch.items():
+            s, f, last = self.rows.get(key, (0.0, 0.0, 0))
+            scale = self.factor(self.step - last)
+            self.rows[key] = (s * scale + wins, f * scale + (trials - wins), self.step)
+
+    def factor(self, k):
+        # numpy's float ** ndarray, as the tracker's table of factors holds it.
+        return 1.0 if self.decay == 1.0 else float(self.decay ** np.array([k], dtype=float)[0])
+
+    def evidence(self, ids):
+        out = [(s * self.factor(self.step - last), f * self.factor(self.step - last))
+               if (s, f, last) != (0.0, 0.0, 0) else (0.0, 0.0)
+               for s, f, last in (self.rows.get(k, (0.0, 0.0, 0)) for k in ids)]
+        return np.array([o[0] for o in out]), np.array([o[1] for o in out])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.lists(st.tuples(st.integers(0, 15), st.integers(0, 1)), max_size=20),
+                min_size=1, max_size=12),
+       st.sampled_from([1.0, 0.97, 0.9, 0.5]), st.sampled_from(["int", "str", "dense", "hash"]))
+def test_evidence_is_bit_identical_to_the_lazy_rule(batches, decay, kind):
+    def key(i):
+        return {"str": f"p{i}", "hash": i * 7_919_000_003 - 2**50}.get(kind, i)
+
+    tracker = SuccessTracker(prior=(0.7, 1.3), decay=decay,
+                             num_prompts=16 if kind == "dense" else None)
+    reference = LazyReference(decay)
+    for batch in batches:
+        ids = [key(i) for i, _ in batch]
+        rewards = [r for _, r in batch]
+        tracker.update(ids if ids else np.array([], dtype=np.int64), rewards)
+        reference.update(ids, rewards)
+    probe = [key(i) for i in range(16)]
+    s, f = tracker.evidence(probe)
+    rs, rf = reference.evidence(probe)
+    np.testing.assert_array_equal(s, rs)
+    np.testing.assert_array_equal(f, rf)
+    alpha, beta = 0.7 + rs, 1.3 + rf
+    np.testing.assert_array_equal(tracker.estimate(probe), alpha / (alpha + beta))
 
 
 def test_estimates_never_reach_zero_or_one():
     tracker = SuccessTracker(prior=(1e-3, 1e-3))
     tracker.update(np.zeros(10**6, dtype=np.int64), np.ones(10**6))
     tracker.update(np.ones(10**6, dtype=np.int64), np.zeros(10**6))
+    rows = tracker._evidence._rows
     for _ in range(3):  # overwhelming evidence against a tiny prior
-        tracker._successes[0] *= 1e20
-        tracker._failures[1] *= 1e20
+        rows["successes"][0] *= 1e20
+        rows["failures"][1] *= 1e20
     est = tracker.estimate([0, 1, 2])
     assert np.all((est > 0) & (est < 1))
     assert est[2] == 0.5
