@@ -8,13 +8,16 @@ rollout's advantage out of a ``(S, 2)`` table of per-prompt values. So the
 whole estimator costs one comparison, one integer add, one scatter and one
 gather over the N rollouts, whatever the number of prompts.
 
-Slots are assigned without sorting whenever possible:
+Slots are assigned without sorting the rollouts:
 
 * ``num_prompts`` given: the ids must already lie in ``[0, num_prompts)`` and
   are their own slots (no host synchronisation at all when ``validate=False``).
 * otherwise, if the ids span a range of at most ``_DENSE_RANGE_FACTOR * N``
   values, the slot is ``id - min(id)`` (one host read of the min and max);
-* otherwise the ids are compressed with ``torch.unique`` (a sort).
+* otherwise (sparse ids, such as hashes) the ids are hashed into compact slots
+  by :mod:`._estimator_hashing`, exactly: two rollouts share a slot if and
+  only if their ids are equal. Under data parallelism each rank's distinct ids
+  (not its rollouts) are gathered and sorted into one global numbering.
 
 Slots without rollouts are harmless: their count is 0 and they are not
 counted as prompts of the batch. Under data parallelism the histogram is
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ._estimator_hashing import HashedSlots, hashed_codes
 from .exceptions import SeraOptError
 
 # Ids spanning at most this many values per rollout use a dense table indexed
@@ -48,7 +52,9 @@ class _Groups:
     table: torch.Tensor  # (2 S,) int64: failures and successes per slot (global)
     num_slots: int
     slot_offset: int  # slot = id - slot_offset on the dense paths
-    slot_ids: torch.Tensor | None  # (S,) ids of the slots on the unique path, else None
+    # The ids of the slots on the sparse paths: sorted (data parallelism, or the
+    # sort-based reference), or the hashing rounds that can name them; None if dense.
+    slot_ids: torch.Tensor | HashedSlots | None
     dtype: torch.dtype  # the floating dtype of the results
     device: torch.device
 
@@ -60,7 +66,14 @@ class _Groups:
     def successes(self) -> torch.Tensor:
         return self.table[1::2]
 
+    @property
+    def ids_increasing(self) -> bool:
+        """Whether slot order is id order (False only for hashed single-process slots)."""
+        return not isinstance(self.slot_ids, HashedSlots)
+
     def prompt_ids(self) -> torch.Tensor:
+        if isinstance(self.slot_ids, HashedSlots):
+            return self.slot_ids.slot_ids()
         if self.slot_ids is not None:
             return self.slot_ids
         return torch.arange(self.num_slots, device=self.device) + self.slot_offset
@@ -218,12 +231,49 @@ def _histogram(codes: torch.Tensor, length: int) -> torch.Tensor:
     return torch.zeros(length, dtype=torch.int64, device=codes.device).index_add_(0, codes, ones)
 
 
-def _compress(prompt_index, dist, process_group, world: int):
+#: How sparse ids get their slots: "hash" (the default, no sort of the rollouts) or
+#: "sort" (torch.unique; the reference the tests compare the hashing against).
+_SPARSE_SLOTS = "hash"
+
+
+def _index_dtype(num_slots: int) -> torch.dtype:
+    # int32 codes halve the largest temporary and speed up both the histogram
+    # and the gather; int64 only for tables of more than 2**30 slots.
+    return torch.int32 if 2 * num_slots <= torch.iinfo(torch.int32).max else torch.int64
+
+
+def _sparse_codes(prompt_index, success, dist, process_group, world: int, n_max: int):
+    """Codes ``2 * slot + success`` of sparse ids, and the slots' ids (tensor or HashedSlots)."""
+    ids = prompt_index.long()
+    if _SPARSE_SLOTS == "sort":
+        slot_ids, slots = _compress(ids, dist, process_group, world)
+        codes = slots.to(_index_dtype(slot_ids.numel()))
+        return torch.add(success, codes, alpha=2, out=codes), slot_ids
+    # Slots <= rollouts: local codes fit the dtype the local count allows.
+    codes = torch.empty(ids.shape, dtype=_index_dtype(ids.numel()), device=ids.device)
+    hashed = hashed_codes(ids, success, codes)
+    if dist is None:
+        return codes, hashed
+    # One global numbering: the union of every rank's distinct ids, sorted. Only
+    # the distinct ids are sorted and searched; the rollouts follow their codes.
+    local = hashed.slot_ids(device=ids.device)
+    union = _union(local, dist, process_group, world)
+    place = torch.searchsorted(union, local)
+    recode = torch.stack([2 * place, 2 * place + 1], dim=1).view(-1)
+    return recode.to(_index_dtype(union.numel())).index_select(0, codes), union
+
+
+def _compress(ids, dist, process_group, world: int):
     """Sorted prompt ids (the union over ranks) and each rollout's position among them."""
-    # One sort: torch.unique's inverse is much cheaper than a binary search per rollout.
-    local, inverse = torch.unique(prompt_index.long(), return_inverse=True)
+    local, inverse = torch.unique(ids, return_inverse=True)
     if dist is None:
         return local, inverse
+    union = _union(local, dist, process_group, world)
+    return union, torch.searchsorted(union, local)[inverse]
+
+
+def _union(local, dist, process_group, world: int):
+    """The sorted union over ranks of each rank's distinct ids ``local``."""
     size = torch.tensor([local.numel()], dtype=torch.int64, device=local.device)
     sizes = [torch.empty_like(size) for _ in range(world)]
     dist.all_gather(sizes, size, group=process_group)
@@ -232,9 +282,7 @@ def _compress(prompt_index, dist, process_group, world: int):
     padded[: local.numel()] = local
     gathered = [torch.empty_like(padded) for _ in range(world)]
     dist.all_gather(gathered, padded, group=process_group)
-    union = torch.unique(torch.cat([g[:s] for g, s in zip(gathered, sizes, strict=True)]))
-    # Only the local distinct ids are searched; rollouts then follow their inverse.
-    return union, torch.searchsorted(union, local)[inverse]
+    return torch.unique(torch.cat([g[:s] for g, s in zip(gathered, sizes, strict=True)]))
 
 
 def group(rewards, prompt_index, *, success_threshold=None, num_prompts=None,
@@ -318,20 +366,19 @@ def group(rewards, prompt_index, *, success_threshold=None, num_prompts=None,
             if span <= _DENSE_RANGE_FACTOR * n_max * world + _DENSE_RANGE_SLACK:
                 num_slots, offset, slot_ids = span, low, None
             else:
-                slot_ids, slots = _compress(prompt_index, dist, process_group, world)
-                num_slots, offset = slot_ids.numel(), 0
+                codes, slot_ids = _sparse_codes(prompt_index, success, dist, process_group,
+                                                world, n_max)
+                num_slots = (slot_ids.num_slots if isinstance(slot_ids, HashedSlots)
+                             else slot_ids.numel())
+                offset = 0
 
-    # int32 codes halve the largest temporary and speed up both the histogram
-    # and the gather; int64 only for tables of more than 2**30 slots.
-    narrow = 2 * num_slots <= torch.iinfo(torch.int32).max
-    index_dtype = torch.int32 if narrow else torch.int64
-    if slot_ids is not None:
-        codes = slots.to(index_dtype)
-    elif offset:
-        codes = torch.sub(prompt_index.long(), offset).to(index_dtype)
-    else:
-        codes = prompt_index.to(index_dtype, copy=True)
-    torch.add(success, codes, alpha=2, out=codes)
+    if slot_ids is None:
+        index_dtype = _index_dtype(num_slots)
+        if offset:
+            codes = torch.sub(prompt_index.long(), offset).to(index_dtype)
+        else:
+            codes = prompt_index.to(index_dtype, copy=True)
+        torch.add(success, codes, alpha=2, out=codes)
     table = _histogram(codes, 2 * num_slots)
     if dist is not None:
         dist.all_reduce(table, group=process_group)

@@ -152,11 +152,21 @@ def group_statistics(rewards, prompt_index, *, success_threshold=None, num_promp
     groups = group(rewards, prompt_index, success_threshold=success_threshold,
                    num_prompts=num_prompts, process_group=process_group, validate=validate)
     counts = groups.failures + groups.successes
+    prompt_ids = groups.prompt_ids()
+    successes = groups.successes.clone()
+    slot_index = (groups.codes >> 1).long()
+    if not groups.ids_increasing:
+        # Hashed slots come in discovery order; present them by id, as documented.
+        prompt_ids, order = torch.sort(prompt_ids)
+        counts, successes = counts[order], successes[order]
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(order.numel(), device=order.device)
+        slot_index = rank[slot_index]
     return GroupStatistics(
-        prompt_ids=groups.prompt_ids(),
+        prompt_ids=prompt_ids,
         counts=counts,
-        successes=groups.successes.clone(),
-        slot_index=(groups.codes >> 1).long(),
+        successes=successes,
+        slot_index=slot_index,
         num_prompts=torch.count_nonzero(counts),
         num_rollouts=counts.sum(),
     )
@@ -172,9 +182,10 @@ def _slot_values(groups, offset: int, multiplicity_correction: bool):
     # it) and rounded once to the result dtype: every dtype gets the correctly
     # rounded value of the float64 result.
     compute = torch.float32 if groups.device.type == "mps" else torch.float64
-    pair = groups.table.view(-1, 2)
-    failures = pair[:, 0].to(compute)
-    successes = pair[:, 1].to(compute)
+    # One contiguous cast of the whole table: casting each strided column is slower.
+    pair = groups.table.view(-1, 2).to(compute)
+    failures = pair[:, 0]
+    successes = pair[:, 1]
     counts = failures + successes
     signal = successes > 0
     values = torch.empty(pair.shape, dtype=groups.dtype, device=groups.device)

@@ -24,6 +24,8 @@ from hypothesis import strategies as st
 from torch.overrides import TorchFunctionMode
 
 import sera_opt
+from sera_opt import _estimator_groups as groups_module
+from sera_opt import _estimator_hashing as hashing
 from sera_opt import estimator as est
 from sera_opt.exceptions import SeraOptError, SeraOptWarning
 from tests.markers import gpu
@@ -121,14 +123,178 @@ def test_all_slot_paths_agree_bitwise(data, combination):
         assert torch.equal(a, other), (a, other)
 
 
-def test_unique_path_is_used_for_wide_ids():
+def test_wide_ids_get_compact_slots_and_sorted_statistics():
     ids = torch.tensor([0, 10**15, 0, 10**15, 5])
     groups = est.group(torch.tensor([1, 0, 0, 1, 1]), ids)
-    assert groups.slot_ids is not None and groups.num_slots == 3
+    assert isinstance(groups.slot_ids, hashing.HashedSlots) and groups.num_slots == 3
     stats = sera_opt.group_statistics(torch.tensor([1, 0, 0, 1, 1]), ids)
     assert stats.prompt_ids.tolist() == [0, 5, 10**15]
     assert stats.counts.tolist() == [2, 1, 2] and stats.successes.tolist() == [1, 1, 1]
     assert torch.equal(stats.prompt_ids[stats.slot_index], ids)
+
+
+# ----------------------------------------------------------------------------
+# Sparse ids: hashed slots against the sort-based reference
+# ----------------------------------------------------------------------------
+
+class _Setting:
+    """Set a module attribute for the duration of a block (usable inside hypothesis tests)."""
+
+    def __init__(self, module, **values):
+        self.module, self.values, self.saved = module, values, {}
+
+    def __enter__(self):
+        for name, value in self.values.items():
+            self.saved[name] = getattr(self.module, name)
+            setattr(self.module, name, value)
+
+    def __exit__(self, *exc):
+        for name, value in self.saved.items():
+            setattr(self.module, name, value)
+
+
+def _wrap64(value: int) -> int:
+    value %= 1 << 64
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def colliding_ids(count: int, seed: int, round_index: int = 0) -> list[int]:
+    """Distinct ids whose hash in round ``round_index`` shares its top 34 bits.
+
+    Every table of at most 2**30 buckets puts them all in one bucket, so that
+    round resolves exactly one of them and the others must go further.
+    """
+    rng = np.random.default_rng(seed)
+    top = int(rng.integers(0, 1 << 30)) << 34
+    lows = rng.choice(1 << 34, size=count, replace=False)
+    inverse = hashing._INVERSES[round_index]
+    return [_wrap64((top | int(low)) * inverse) for low in lows]
+
+
+def _sparse_pools():
+    """Id pools that take the sparse path: hashes, extremes, colliding ids, progressions."""
+    full = st.integers(-(2**63), 2**63 - 1)
+    return st.one_of(
+        st.lists(full, min_size=1, max_size=40, unique=True),
+        st.lists(st.sampled_from([-(2**63), 2**63 - 1, -1, 0, 1, 2**62, -(2**62)]) | full,
+                 min_size=2, max_size=12, unique=True),
+        st.builds(colliding_ids, st.integers(2, 60), st.integers(0, 2**32),
+                  st.integers(0, hashing._MAX_ROUNDS - 1)),
+        st.builds(lambda m, step, start: [start + step * k for k in range(m)],
+                  st.integers(2, 60), st.integers(2**20, 2**40), st.integers(-(2**60), 2**60)),
+    )
+
+
+def _advantages_and_stats(rewards, ids):
+    stats = sera_opt.group_statistics(rewards, ids)
+    advantages = [sera_opt.maxrl_advantages(rewards, ids, estimator=e, multiplicity_correction=c,
+                                            dtype=torch.float64) for e, c in COMBINATIONS]
+    return advantages, stats
+
+
+@settings(max_examples=200, deadline=None)
+@given(pool=_sparse_pools(), data=st.data(), fused=st.booleans())
+def test_hashed_slots_match_the_sort_reference_bitwise(pool, data, fused):
+    """Hashing (torch ops, or the numba kernels) gives the sort path's results, bit for bit."""
+    n = data.draw(st.integers(1, 120))
+    picks = data.draw(st.lists(st.integers(0, len(pool) - 1), min_size=n, max_size=n))
+    outcomes = data.draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    ids = torch.tensor([pool[p] for p in picks], dtype=torch.int64)
+    rewards = torch.tensor(outcomes, dtype=torch.float64)
+    with _Setting(groups_module, _SPARSE_SLOTS="sort"):
+        reference, ref_stats = _advantages_and_stats(rewards, ids)
+    threshold = 0 if fused else 1 << 62
+    with _Setting(hashing, _FUSED_MIN_ROLLOUTS=threshold):
+        got, stats = _advantages_and_stats(rewards, ids)
+    span = int(ids.max()) - int(ids.min()) + 1
+    sparse = span > groups_module._DENSE_RANGE_FACTOR * n + groups_module._DENSE_RANGE_SLACK
+    for a, b in zip(got, reference, strict=True):
+        assert torch.equal(a, b)
+        assert torch.equal(a.view(torch.int64), b.view(torch.int64))  # same bits, signs of 0 too
+    for field in ("prompt_ids", "counts", "successes", "slot_index", "num_prompts",
+                  "num_rollouts"):
+        assert torch.equal(getattr(stats, field), getattr(ref_stats, field)), field
+    if sparse:
+        groups = est.group(rewards, ids)
+        assert isinstance(groups.slot_ids, hashing.HashedSlots)
+        assert groups.num_slots == torch.unique(ids).numel()  # compact: one slot per prompt
+
+
+@pytest.mark.parametrize("kind", ["random", "colliding", "progression", "extremes"])
+def test_hashing_backends_write_the_same_codes(kind):
+    """The numba kernels compute the torch ops' rounds: on one thread, identical codes."""
+    g = torch.Generator().manual_seed(3)
+    if kind == "random":
+        pool = torch.randint(-(2**63), 2**63 - 1, (5000,), generator=g)
+    elif kind == "colliding":
+        pool = torch.tensor(colliding_ids(700, seed=4) + colliding_ids(300, seed=5, round_index=1))
+    elif kind == "progression":
+        pool = torch.arange(3000) * 1_000_003 - 2**40
+    else:
+        pool = torch.tensor([-(2**63), 2**63 - 1, -1, 0, 1, 2**32, -(2**32)])
+    ids = pool[torch.randint(0, pool.numel(), (20_000,), generator=g)]
+    success = torch.rand(ids.numel(), generator=g) < 0.4
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # torch's scatter then lets the last writer win, like the kernel
+    try:
+        codes = {}
+        for backend in ("numba", "torch"):
+            codes[backend] = torch.empty(ids.numel(), dtype=torch.int32)
+            slots = hashing.hashed_codes(ids, success, codes[backend], backend=backend)
+            names = slots.slot_ids()
+            assert slots.num_slots == torch.unique(ids).numel() == names.numel()
+            assert torch.equal(names[codes[backend].long() >> 1], ids)
+            assert torch.equal((codes[backend] & 1).bool(), success)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(codes["numba"], codes["torch"])
+
+
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+@pytest.mark.parametrize("max_rounds", [1, 2])
+def test_ids_left_after_the_last_round_are_numbered_exactly(backend, max_rounds):
+    """Ids that collide in every round allowed are numbered by torch.unique, still exactly."""
+    pool = colliding_ids(200, seed=6) + colliding_ids(100, seed=7, round_index=1) + [5, -5]
+    g = torch.Generator().manual_seed(8)
+    ids = torch.tensor(pool)[torch.randint(0, len(pool), (3000,), generator=g)]
+    success = torch.rand(ids.numel(), generator=g) < 0.5
+    codes = torch.empty(ids.numel(), dtype=torch.int64)
+    with _Setting(hashing, _MAX_ROUNDS=max_rounds):
+        slots = hashing.hashed_codes(ids, success, codes, backend=backend)
+    assert len(slots.rounds) == max_rounds and slots.rest is not None and slots.rest.numel() > 0
+    names = slots.slot_ids()
+    assert torch.equal(names[codes >> 1], ids) and torch.equal((codes & 1).bool(), success)
+    assert names.numel() == slots.num_slots == torch.unique(ids).numel()
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_sparse_ids_are_not_sorted(fused):
+    """Hashing sorts nothing (the old path sorted all N rollouts with torch.unique)."""
+    g = torch.Generator().manual_seed(9)
+    pool = torch.randint(-(2**63), 2**63 - 1, (1000,), generator=g)
+    ids = pool[torch.randint(0, 1000, (8000,), generator=g)]
+    rewards = (torch.rand(ids.numel(), generator=g) < 0.5).float()
+    expected = sera_opt.maxrl_advantages(rewards, torch.unique(ids, return_inverse=True)[1])
+
+    class Recorder(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.calls: list[str] = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            name = getattr(func, "__name__", str(func))
+            if "sort" in name or "unique" in name:
+                self.calls.append(name)
+            return func(*args, **(kwargs or {}))
+
+    with _Setting(hashing, _FUSED_MIN_ROLLOUTS=0 if fused else 1 << 62), Recorder() as recorder:
+        got = sera_opt.maxrl_advantages(rewards, ids)
+    assert recorder.calls == []
+    assert torch.equal(got, expected)
+    # The recorder does see the reference path's sort.
+    with _Setting(groups_module, _SPARSE_SLOTS="sort"), Recorder() as recorder:
+        sera_opt.maxrl_advantages(rewards, ids)
+    assert "unique" in recorder.calls or "_unique2" in recorder.calls, recorder.calls
 
 
 def test_hand_computed_example():
@@ -938,6 +1104,29 @@ def test_cuda_matches_cpu(estimator, correction, dtype):
         assert torch.equal(cuda.cpu(), cpu)
     wide = sera_opt.maxrl_advantages(rewards.to(dtype).cuda(), (ids * 10**12).cuda(), **kwargs)
     assert torch.equal(wide.cpu(), cpu)
+
+
+@on_gpu
+def test_cuda_hashed_slots_match_the_cpu_sort_reference():
+    g = torch.Generator().manual_seed(14)
+    pools = {
+        "random": torch.randint(-(2**63), 2**63 - 1, (20_000,), generator=g),
+        "colliding": torch.tensor(colliding_ids(500, seed=15) + colliding_ids(300, seed=16, round_index=1)),
+        "extremes": torch.tensor([-(2**63), 2**63 - 1, -1, 0, 1]),
+    }
+    for name, pool in pools.items():
+        ids = pool[torch.randint(0, pool.numel(), (200_000,), generator=g)]
+        rewards = (torch.rand(ids.numel(), generator=g) < 0.3).float()
+        with _Setting(groups_module, _SPARSE_SLOTS="sort"):
+            reference, ref_stats = _advantages_and_stats(rewards, ids)
+        got, stats = _advantages_and_stats(rewards.cuda(), ids.cuda())
+        for a, b in zip(got, reference, strict=True):
+            assert a.device.type == "cuda" and torch.equal(a.cpu(), b), name
+        for field in ("prompt_ids", "counts", "successes", "slot_index"):
+            assert torch.equal(getattr(stats, field).cpu(), getattr(ref_stats, field)), (name, field)
+        codes = torch.empty(ids.numel(), dtype=torch.int32, device="cuda")
+        slots = hashing.hashed_codes(ids.cuda(), rewards.cuda().bool(), codes)
+        assert torch.equal(slots.slot_ids()[codes.long() >> 1].cpu(), ids), name
 
 
 @on_gpu

@@ -38,6 +38,17 @@ def _batch(seed, m=23, max_count=7):
     return rewards, ids, counts, owner
 
 
+def _colliding(count):
+    """Distinct ids that share their first hashing round's bucket (see test_estimator)."""
+    from sera_opt._estimator_hashing import _INVERSES
+
+    out = []
+    for low in range(count):
+        value = (((12345 << 34) | (low * 7919 + 1)) * _INVERSES[0]) % (1 << 64)
+        out.append(value - (1 << 64) if value >= 1 << 63 else value)
+    return torch.tensor(out)
+
+
 def _check(condition, message, failures):
     if not condition:
         failures.append(message)
@@ -50,10 +61,14 @@ def _scenarios(rank, failures):
     group = dist.group.WORLD
     rewards, ids, counts, owner = _batch(seed=5)
     mine = owner == rank
+    keys = torch.randint(-(2**63), 2**63 - 1, (counts.numel(),),
+                         generator=torch.Generator().manual_seed(3))
     id_maps = {
         "dense": (ids, counts.numel()),
         "offset range": (ids + 10_000, None),
-        "wide (unique)": (ids * 10**13 - 3, None),
+        "wide (hashed)": (ids * 10**13 - 3, None),
+        "random 64-bit (hashed)": (keys[ids], None),
+        "colliding (hashed)": (_colliding(counts.numel())[ids], None),
     }
     for estimator in sera_opt.ESTIMATORS:
         for correction in (True, False):

@@ -1,0 +1,86 @@
+"""numba kernels of the sparse-id hashing rounds on CPU. Imported lazily: this module loads numba.
+
+They compute exactly what the torch ops of :mod:`._estimator_hashing` compute
+(the same multipliers, buckets, table layout, ranks and loser order; see
+there), in three passes over a round's rollouts (scatter, gather, finish)
+without the temporaries that separate torch ops need. A round after the first
+works on the rollouts listed in ``rows`` (``subset=True``) in place, so the
+losers' ids and codes are never copied out and back. No loop has
+data-dependent control flow or a loop-carried dependence on a table read, so
+the random accesses of consecutive rollouts overlap.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True, nogil=True)
+def scatter_round(ids, rows, subset, multiplier, bits, table):  # pragma: no cover - compiled
+    """``table[bucket(id)] = z(id)`` for the round's ids, the last one winning; -1 before."""
+    shift = np.uint64(64 - bits)
+    up = np.uint64(bits)
+    n = rows.shape[0] if subset else ids.shape[0]
+    for i in range(n):
+        y = np.uint64(ids[rows[i] if subset else i]) * multiplier
+        table[np.int64(y >> shift)] = np.int64(y << up)
+
+
+@njit(cache=True, nogil=True)
+def rank_round(table, bits, occupied):  # pragma: no cover - compiled
+    """Number the occupied buckets in bucket order (rank in the low bits); return the count."""
+    mask = (np.int64(1) << bits) - 1
+    rank = 0
+    for b in range(table.shape[0]):
+        # Branch-free (occupancy is random): an empty entry stays -1 | 0.
+        is_occupied = np.int64((table[b] & mask) == 0)
+        occupied[b] = is_occupied
+        table[b] |= rank * is_occupied
+        rank += is_occupied
+    return rank
+
+
+@njit(cache=True, nogil=True)
+def gather_round(ids, rows, subset, multiplier, bits, table, found):  # pragma: no cover
+    """``found[i] = table[bucket(id)]`` for the round's i-th id.
+
+    Kept apart from :func:`finish_round`: a loop this short keeps many more
+    independent table reads in flight than one that also does the arithmetic.
+    """
+    shift = np.uint64(64 - bits)
+    for i in range(found.shape[0]):
+        y = np.uint64(ids[rows[i] if subset else i]) * multiplier
+        found[i] = table[np.int64(y >> shift)]
+
+
+@njit(cache=True, nogil=True)
+def finish_round(ids, success, rows, subset, multiplier, bits, found, first_slot, codes,
+                 lost):  # pragma: no cover - compiled
+    """Codes ``2 * (first_slot + rank) + success`` of the winners, ``lost`` flags of all.
+
+    ``found[i] ^ z(id)`` is the rank of the winner's bucket when the id won it,
+    else a value with high bits set. Returns the number of losers; their codes
+    are left as garbage for the next round.
+    """
+    up = np.uint64(bits)
+    num_lost = 0
+    for i in range(found.shape[0]):
+        j = rows[i] if subset else i
+        rank = np.uint64(found[i]) ^ (np.uint64(ids[j]) * multiplier << up)
+        bad = (rank >> up) != 0
+        lost[i] = bad
+        num_lost += np.int64(bad)
+        codes[j] = 2 * (first_slot + np.int64(rank)) + success[j]
+    return num_lost
+
+
+@njit(cache=True, nogil=True)
+def losers(lost, count, rows, subset, out):  # pragma: no cover - compiled
+    """The rollout index of each of the ``count`` losers, in order, into ``out``."""
+    k = 0
+    for i in range(lost.shape[0]):
+        out[k] = rows[i] if subset else i
+        k += np.int64(lost[i])
+        if k == count:
+            break
