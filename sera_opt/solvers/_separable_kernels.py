@@ -57,7 +57,7 @@ FAIR_LOG = 9  # alpha = 1: sum of log factors (proportional fairness)
 FAIR_INVERSE = 10  # alpha = 2: minus the sum of inverse factors
 
 # Collect the bracket's gains once it holds at most this many (or M / 8).
-_COLLECT_MIN = 65536
+_COLLECT_MIN = 2048
 # Below this many prompts the opening bracket comes from the rows' extremes;
 # above it, from a subsample of _SUBSAMPLE rows.
 _SUBSAMPLE_FROM = 32768
@@ -304,7 +304,12 @@ def _fair_log_crossing(a, p, c, lam, inv_g):
         return c + 1.0
     x = p * inv_g
     if x < 1e300:
-        return c + math.log1p(x) / a
+        # log1p(x) in Goldberg's form: log (vectorized, several times faster than
+        # log1p) of w = fl(1 + x), corrected by x / (w - 1); within an ulp of log1p.
+        w = 1.0 + x
+        if w == 1.0:
+            return c + x / a
+        return c + (math.log(w) * x / (w - 1.0)) / a
     return c + _softplus(math.log(p) - lam) / a
 
 
@@ -1086,6 +1091,250 @@ def _select(kind, p0, p1, p2, c, lo, hi, spare, maxmin, tie_rtol, stats):
                    a_next, a_last, nb, b_next, b_last)
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _closed_crossing(kind, x0, x1, x2, c, lam, aux, floor, ceil):
+    """First ``k`` in ``[floor, ceil)`` with ``gain(k) <= lam`` (``ceil`` when none), for
+    a kind whose crossing is known in closed form: the closed form where it is not
+    within rounding of a step, the exact galloping search otherwise."""
+    if kind == FAIR_LOG:
+        g = _fair_log_crossing(x0, x1, c, lam, aux)
+    elif kind == FAIR_INVERSE:
+        g = _fair_inverse_crossing(x0, x1, c, lam, aux)
+    else:
+        g = _guess(kind, x0, x1, x2, c, lam)
+    if g != g or g <= floor:
+        start = floor
+    elif g >= ceil:
+        start = ceil
+    else:
+        start = np.int64(math.ceil(g))
+    if math.isfinite(g) and abs(g - math.floor(g + 0.5)) > 1e-9 * (1.0 + abs(g)):
+        return start
+    k, _, _ = _crossing(kind, x0, x1, x2, c, lam, floor, ceil, start, np.nan, np.nan)
+    return k
+
+
+@njit(cache=True, error_model="numpy")
+def _closed_count(kind, p0, p1, p2, c, lo, hi, lam):
+    """``sum_i #{steps of row i with gain > lam}`` in one read-only pass."""
+    aux = _pass_constant(kind, lam)
+    total = 0
+    for i in range(lo.shape[0]):
+        if hi[i] > lo[i]:
+            total += _closed_crossing(kind, p0[i], p1[i], p2[i], c, lam, aux, lo[i],
+                                      hi[i]) - lo[i]
+    return total
+
+
+@njit(cache=True, error_model="numpy")
+def _solve_closed(kind, p0, p1, p2, c, lo, hi, spare, stats):
+    """The engine for max-sum kinds whose crossings are known in closed form.
+
+    No per-row state between passes: a strided subsample solved exactly gives the
+    first trial value; secant steps on the count (safeguarded by bisection on the
+    bit order of the value) narrow the bracket ``(b, a]`` with ``C(a) <= spare <=
+    C(b)``, each step one read-only pass; then one pass writes the counts at ``a``
+    and collects the gains in the bracket, and the remaining ones are selected
+    exactly (ties: fewer rollouts first, then the lower index).
+    """
+    m = lo.shape[0]
+    fbuf = np.empty(1, dtype=np.float64)
+    ibuf = fbuf.view(np.int64)
+    limit = max(_COLLECT_MIN, m >> 4)
+    total = 0
+    for i in range(m):
+        total += hi[i] - lo[i]
+    # The opening bracket: nothing lies above +inf and everything above the sentinel
+    # key below -inf. Small problems narrow it at once to the rows' extreme gains (two
+    # gain evaluations a row); large ones leave that to the subsample.
+    key_a = _key(_INF, fbuf, ibuf)
+    key_b = _key(-_INF, fbuf, ibuf) - 1
+    if m < _SUBSAMPLE_FROM:
+        top = -_INF
+        bottom = _INF
+        for i in range(m):
+            if hi[i] > lo[i]:
+                g = gain(kind, p0[i], p1[i], p2[i], c, lo[i])
+                if g > top:
+                    top = g
+                g = gain(kind, p0[i], p1[i], p2[i], c, hi[i] - 1)
+                if g < bottom:
+                    bottom = g
+        key_a = _key(top, fbuf, ibuf)
+        if bottom > -_INF:
+            key_b = _key(bottom, fbuf, ibuf) - 1
+    c_a = 0
+    c_b = total
+    # Trial values from a strided subsample solved exactly for its share of the
+    # budget, the share corrected after each full pass by the observed miss (a
+    # Newton step in budget space); then secant steps on the full count.
+    prev_lam = np.nan
+    prev_c = np.int64(0)
+    if m >= _SUBSAMPLE_FROM:
+        stride = m // _SUBSAMPLE
+        sub = np.arange(0, m, stride)
+        lo_s = lo[sub].copy()
+        hi_s = hi[sub].copy()
+        q0 = p0[sub].copy()
+        q1 = p1[sub].copy()
+        q2 = p2[sub].copy()
+        cap_s = 0
+        for j in range(sub.shape[0]):
+            cap_s += hi_s[j] - lo_s[j]
+        scale = sub.shape[0] / m
+        share = spare * scale
+        sub_stats = np.zeros(3, dtype=np.int64)
+        for _ in range(_NEWTON_ROUNDS):
+            if c_b - c_a <= limit or key_b >= key_a - 1:
+                break
+            target = np.int64(round(share))
+            if target <= 0 or target >= cap_s:
+                break
+            _, lam = _select(kind, q0, q1, q2, c, lo_s, hi_s, target, False, 0.0, sub_stats)
+            stats[3] += 1
+            kl = _key(lam, fbuf, ibuf)
+            if not (lam == lam and key_b < kl < key_a):
+                break
+            cnt = _closed_count(kind, p0, p1, p2, c, lo, hi, lam)
+            stats[0] += 1
+            if cnt <= spare:
+                key_a = kl
+                c_a = cnt
+            else:
+                key_b = kl
+                c_b = cnt
+            prev_lam = lam
+            prev_c = cnt
+            share += _OVERSHOOT * (spare - cnt) * scale
+    lam = np.nan
+    for it in range(200):
+        if c_b - c_a <= limit or key_b >= key_a - 1:
+            break
+        value_a = _unkey(key_a, fbuf, ibuf)
+        value_b = _unkey(key_b, fbuf, ibuf)
+        if math.isfinite(value_a) and math.isfinite(value_b) and it % 2 == 0:
+            # Regula falsi between the bracket ends (alternating with bisection).
+            lam = value_a + (value_b - value_a) * (spare - c_a) / (c_b - c_a)
+        if not (lam == lam and key_b < _key(lam, fbuf, ibuf) < key_a):
+            lam = _unkey((key_a >> 1) + (key_b >> 1) + (key_a & key_b & 1), fbuf, ibuf)
+        cnt = _closed_count(kind, p0, p1, p2, c, lo, hi, lam)
+        stats[0] += 1
+        if cnt <= spare:
+            key_a = _key(lam, fbuf, ibuf)
+            c_a = cnt
+        else:
+            key_b = _key(lam, fbuf, ibuf)
+            c_b = cnt
+        lam = np.nan
+    value_a = _unkey(key_a, fbuf, ibuf)
+    value_b = _unkey(key_b, fbuf, ibuf) if key_b >= _key(-_INF, fbuf, ibuf) else -_INF
+    below_all = key_b < _key(-_INF, fbuf, ibuf)
+    # One pass: counts at a (all gains > a taken) and the gains in (b, a].
+    counts = np.empty(m, dtype=np.int64)
+    n_bracket = c_b - c_a
+    if key_b >= key_a - 1 and n_bracket > max(limit, m):
+        # A plateau: every gain in the bracket equals value_a; water-fill by count.
+        starts = np.empty(m, dtype=np.int64)
+        stops = np.empty(m, dtype=np.int64)
+        aux_a = _pass_constant(kind, value_a)
+        aux_b = _pass_constant(kind, value_b)
+        for i in range(m):
+            if hi[i] > lo[i]:
+                starts[i] = _closed_crossing(kind, p0[i], p1[i], p2[i], c, value_a, aux_a,
+                                             lo[i], hi[i])
+                stops[i] = hi[i] if below_all else _closed_crossing(
+                    kind, p0[i], p1[i], p2[i], c, value_b, aux_b, lo[i], hi[i])
+            else:
+                starts[i] = lo[i]
+                stops[i] = lo[i]
+        return _water_fill(starts, stops, spare - c_a)
+    vals = np.empty(n_bracket, dtype=np.float64)
+    owner = np.empty(n_bracket, dtype=np.int64)
+    step = np.empty(n_bracket, dtype=np.int64)
+    aux_a = _pass_constant(kind, value_a)
+    aux_b = _pass_constant(kind, value_b)
+    e = 0
+    for i in range(m):
+        if hi[i] == lo[i]:
+            counts[i] = lo[i]
+            continue
+        k0 = _closed_crossing(kind, p0[i], p1[i], p2[i], c, value_a, aux_a, lo[i], hi[i])
+        counts[i] = k0
+        if k0 < hi[i]:
+            k1 = hi[i] if below_all else _closed_crossing(kind, p0[i], p1[i], p2[i], c,
+                                                          value_b, aux_b, k0, hi[i])
+            for k in range(k0, k1):
+                vals[e] = gain(kind, p0[i], p1[i], p2[i], c, k)
+                owner[e] = i
+                step[e] = k
+                e += 1
+    stats[1] = e
+    need = spare - c_a
+    if need == 0:
+        return counts
+    threshold = _kth_largest(vals[:e].copy(), need)
+    above = 0
+    n_tied = 0
+    for f in range(e):
+        if vals[f] > threshold:
+            counts[owner[f]] += 1
+            above += 1
+        elif vals[f] == threshold:
+            n_tied += 1
+    left = need - above
+    if left == 0:
+        return counts
+    band = np.empty(n_tied, dtype=np.int64)
+    t = 0
+    for f in range(e):
+        if vals[f] == threshold:
+            band[t] = f
+            t += 1
+    nxt = np.zeros(e, dtype=np.float64)
+    _pick_ties(band, left, nxt, step, owner, False, counts)
+    return counts
+
+
+@njit(cache=True, error_model="numpy")
+def _water_fill(starts, stops, left):
+    """``starts`` plus ``left`` steps taken one at a time from the tied ranges
+    ``[starts_i, stops_i)``, the row with the fewest rollouts first, then the lower
+    index (the tie rule of sums)."""
+    m = starts.shape[0]
+    counts = starts.copy()
+    k_low = np.int64(0)
+    k_high = np.int64(0)
+    first = True
+    for i in range(m):
+        if stops[i] > starts[i]:
+            if first or starts[i] < k_low:
+                k_low = starts[i]
+            if first or stops[i] > k_high:
+                k_high = stops[i]
+            first = False
+    while k_low < k_high:
+        mid = k_low + (k_high - k_low + 1) // 2
+        s = 0
+        for i in range(m):
+            s += min(max(mid - starts[i], 0), stops[i] - starts[i])
+        if s <= left:
+            k_low = mid
+        else:
+            k_high = mid - 1
+    used = 0
+    for i in range(m):
+        add = min(max(k_low - starts[i], 0), stops[i] - starts[i])
+        counts[i] += add
+        used += add
+    for i in range(m):
+        if used == left:
+            break
+        if counts[i] == k_low and k_low < stops[i] and starts[i] <= k_low:
+            counts[i] += 1
+            used += 1
+    return counts
+
+
 @njit(cache=True, error_model="numpy")
 def solve(kind, p0, p1, p2, c, lo, hi, spare, maxmin, tie_rtol, stats):
     """Exact counts for ``spare`` rollouts over rows ``[lo, hi)`` (see module docstring).
@@ -1106,6 +1355,8 @@ def solve(kind, p0, p1, p2, c, lo, hi, spare, maxmin, tie_rtol, stats):
         return lo.copy()
     if spare >= total:
         return hi.copy()
+    if kind == FAIR_SUM or kind == FAIR_LOG or kind == FAIR_INVERSE:
+        return _solve_closed(kind, p0, p1, p2, c, lo, hi, spare, stats)
     if m < _SUBSAMPLE_FROM:
         counts, _ = _select(kind, p0, p1, p2, c, lo, hi, spare, maxmin, tie_rtol, stats)
         return counts

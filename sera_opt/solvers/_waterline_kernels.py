@@ -95,19 +95,52 @@ def _bounds(lo, hi, uniform, c, i):
     return lo[j] - c, hi[j] - lo[j]
 
 
+# Prompts are counted in blocks: a first loop that the compiler can vectorize
+# takes each count from one division and a ceiling, a second one settles, with the
+# exact products, the few whose quotient lies within rounding of a step.
+_BLOCK = 256
+_NEAR = 1e-9
+
+
+@njit(cache=True, inline="always")
+def _block_counts(rates, lo, hi, uniform, c, level, s, e, out):
+    """Counts of pre-levels below ``level`` for prompts ``s..e-1`` into ``out[0:e-s]``;
+    returns their sum."""
+    total = 0
+    near = False
+    for i in range(s, e):
+        j = 0 if uniform else i
+        m = lo[j] - c
+        cap = float(hi[j] - lo[j])
+        y = level / rates[i] - m
+        yc = math.ceil(y)
+        gap = yc - y
+        tol = _NEAR * (abs(y) + m + 1.0)
+        near |= (gap < tol) | (gap > 1.0 - tol)
+        k = np.int64(min(max(yc, 0.0), cap))
+        out[i - s] = k
+        total += k
+    if near:
+        for i in range(s, e):
+            j = 0 if uniform else i
+            m = lo[j] - c
+            k0 = out[i - s]
+            k = _count_one(rates[i], m, hi[j] - lo[j], level)
+            if k != k0:
+                out[i - s] = k
+                total += k - k0
+    return total
+
+
 @njit(cache=True)
 def _total_below(rates, lo, hi, uniform, c, level):
-    """``G(level)``, the number of pre-levels strictly below ``level``, and the slope of
-    its continuous relaxation there (``sum 1 / a_i`` over prompts strictly inside)."""
+    """``G(level)``, the number of pre-levels strictly below ``level`` (one read-only pass)."""
+    n = rates.shape[0]
+    buf = np.empty(_BLOCK, dtype=np.int64)
     total = 0
-    slope = 0.0
-    for i in range(rates.shape[0]):
-        m, cap = _bounds(lo, hi, uniform, c, i)
-        k = _count_one(rates[i], m, cap, level)
-        if 0 < k < cap:
-            slope += 1.0 / rates[i]
-        total += k
-    return total, slope
+    for s in range(0, n, _BLOCK):
+        total += _block_counts(rates, lo, hi, uniform, c, level, s, min(s + _BLOCK, n), buf)
+    return total
 
 
 @njit(cache=True)
@@ -137,7 +170,7 @@ def _extremes(rates, lo, hi, uniform, c):
 
 
 @njit(cache=True)
-def linear_solve(rates, lo, hi, uniform, c, extra, hint, counts):
+def linear_solve(rates, lo, hi, uniform, c, extra, hint, hint_slope, counts):
     """SERA's greedy: hand out ``extra`` rollouts one at a time to the lowest level.
 
     Writes ``counts`` (``lo`` plus the increments). Every pre-level strictly below
@@ -145,12 +178,13 @@ def linear_solve(rates, lo, hi, uniform, c, extra, hint, counts):
     ``T`` go to the largest rate first (its next level is highest, the
     lexicographically better choice), then to the lowest index.
 
-    ``T`` is bracketed by Newton steps (safeguarded by bisection) on the step
+    ``T`` is bracketed by secant steps (safeguarded by bisection) on the step
     function ``G(L) = #pre-levels < L``, each evaluation one read-only pass, from
-    ``hint`` (the continuous waterline, when known) or the relaxation's
-    all-active root, until the bracket holds few pre-levels; one pass then
-    writes the counts at the bracket's lower end and collects the pre-levels
-    inside it, among which ``T`` is selected exactly by a partition.
+    ``hint`` (the continuous waterline, with ``hint_slope`` its slope ``sum 1 / a``
+    over the prompts strictly inside their bounds, when known) or the relaxation's
+    all-active root, until the bracket holds few pre-levels; one pass then writes
+    the counts at the bracket's lower end and collects the pre-levels inside it,
+    among which ``T`` is selected exactly by a partition.
     """
     n = rates.shape[0]
     lo_l, hi_l, total, inv_sum, m_sum = _extremes(rates, lo, hi, uniform, c)
@@ -167,21 +201,28 @@ def linear_solve(rates, lo, hi, uniform, c, extra, hint, counts):
     limit = max(_COLLECT_MIN, n >> 4)
     if lo_l < hint < hi_l:
         level = hint
+        slope = hint_slope if hint_slope > 0.0 else inv_sum
     else:
         level = (target + m_sum) / inv_sum
+        slope = inv_sum
         if not (lo_l < level < hi_l):
             level = 0.5 * (lo_l + hi_l)
+    prev_level = np.nan
+    prev_g = 0
     for _ in range(200):
         if g_hi - g_lo <= limit or hi_l <= np.nextafter(lo_l, np.inf):
             break
-        g, slope = _total_below(rates, lo, hi, uniform, c, level)
+        g = _total_below(rates, lo, hi, uniform, c, level)
         if g < extra:
             lo_l = level
             g_lo = g
         else:
             hi_l = level
             g_hi = g
-        # Newton step on the count, safeguarded by the bracket.
+        if prev_level == prev_level and g != prev_g and level != prev_level:
+            slope = (g - prev_g) / (level - prev_level)
+        prev_level = level
+        prev_g = g
         nxt = level + (target - g) / slope if slope > 0.0 else 0.5 * (lo_l + hi_l)
         if not (lo_l < nxt < hi_l):
             nxt = 0.5 * (lo_l + hi_l)
@@ -191,41 +232,45 @@ def linear_solve(rates, lo, hi, uniform, c, extra, hint, counts):
     # One pass: the counts at lo_l, and the pre-levels in [lo_l, hi_l) with their owners.
     vals = np.empty(g_hi - g_lo, dtype=np.float64)
     owner = np.empty(g_hi - g_lo, dtype=np.int64)
-    e = 0
-    for i in range(n):
-        j = 0 if uniform else i
-        m = lo[j] - c
-        cap = hi[j] - lo[j]
-        a = rates[i]
-        k0 = _count_one(a, m, cap, lo_l)
-        counts[i] = lo[j] + k0
-        if k0 < cap and a * (m + k0) < hi_l:
-            k1 = _count_one(a, m, cap, hi_l)
-            for k in range(k0, k1):
-                vals[e] = a * (m + k)
-                owner[e] = i
-                e += 1
+    buf = np.empty(_BLOCK, dtype=np.int64)
+    f = 0
+    for s in range(0, n, _BLOCK):
+        e = min(s + _BLOCK, n)
+        _block_counts(rates, lo, hi, uniform, c, lo_l, s, e, buf)
+        for i in range(s, e):
+            j = 0 if uniform else i
+            m = lo[j] - c
+            cap = hi[j] - lo[j]
+            k0 = buf[i - s]
+            counts[i] = lo[j] + k0
+            a = rates[i]
+            if k0 < cap and a * (m + k0) < hi_l:
+                k1 = _count_one(a, m, cap, hi_l)
+                for k in range(k0, k1):
+                    vals[f] = a * (m + k)
+                    owner[f] = i
+                    f += 1
     need = extra - g_lo
     threshold = np.partition(vals, need - 1)[need - 1]
     # Take every collected pre-level below the threshold (they are each row's next ones,
     # in order); ties at the threshold by rate (larger first), then index.
     taken = 0
     n_ties = 0
-    for f in range(e):
-        if vals[f] < threshold:
-            counts[owner[f]] += 1
+    for t in range(f):
+        if vals[t] < threshold:
+            counts[owner[t]] += 1
             taken += 1
-        elif vals[f] == threshold:
+        elif vals[t] == threshold:
             n_ties += 1
     remaining = need - taken
     if remaining == 0:
         return
     ties = np.empty(n_ties, dtype=np.int64)
-    t = 0
-    for f in range(e):
-        if vals[f] == threshold:
-            ties[t] = owner[f]
-            t += 1
+    u = 0
+    for t in range(f):
+        if vals[t] == threshold:
+            ties[u] = owner[t]
+            u += 1
     if remaining < n_ties:
         # Stable sort on -rate keeps index order among equal rates (owners are in
         # index order, and a row has at most one pre-level at a given value).
@@ -236,9 +281,10 @@ def linear_solve(rates, lo, hi, uniform, c, extra, hint, counts):
 
 
 @njit(cache=True)
-def linear_relax(rates, lo, hi, uniform, c, extra, relaxed):
-    """The continuous waterline: ``x_i(L) = clip(L / a_i - m_lo_i, 0, cap_i)`` with
-    ``sum x = extra``; writes ``relaxed = lo + x`` and returns ``L``.
+def _relax_root(rates, lo, hi, uniform, c, extra, start):
+    """The waterline ``L`` with ``sum_i clip(L / a_i - m_lo_i, 0, cap_i) = extra``, from a
+    first guess ``start`` (NaN: the all-active root). Returns ``(L, slope)``, ``slope``
+    being ``sum 1 / a_i`` over the prompts strictly inside their bounds at ``L``.
 
     ``F(L) = sum_i x_i(L)`` is piecewise linear. Each read-only pass evaluates the
     piece that contains ``L`` (its active set, slope, and the neighbouring
@@ -267,19 +313,18 @@ def linear_relax(rates, lo, hi, uniform, c, extra, relaxed):
             inv_sum += 1.0 / a
             m_sum += m
     if total == 0.0 or extra <= 0.0:
-        root = lo_l if total > 0.0 else 0.0
-        done = True
-    elif extra >= total:
-        root = hi_l
-        done = True
-    else:
-        done = False
+        return (lo_l if total > 0.0 else 0.0), 0.0
+    if extra >= total:
+        return hi_l, 0.0
+    level = start
+    if not (lo_l < level < hi_l):
         # Start from the root of the piece where every prompt is active.
         level = (extra + m_sum) / inv_sum
         if not (lo_l < level < hi_l):
             level = 0.5 * (lo_l + hi_l)
-        root = level
-    for _ in range(0 if done else 400):
+    root = level
+    slope = 0.0
+    for _ in range(400):
         slope = 0.0
         act_m = 0.0
         full = 0.0
@@ -326,6 +371,31 @@ def linear_relax(rates, lo, hi, uniform, c, extra, relaxed):
                 root = level
                 break
             level = nxt
+    return root, slope
+
+
+# From this many prompts on, the waterline of a strided subsample of _SUBSAMPLE
+# prompts (for its share of the budget) is the first guess: the full passes then
+# start inside or next to the right piece.
+_SUBSAMPLE_FROM = 65536
+_SUBSAMPLE = 4096
+
+
+@njit(cache=True)
+def linear_relax(rates, lo, hi, uniform, c, extra, relaxed):
+    """The continuous waterline: ``x_i(L) = clip(L / a_i - m_lo_i, 0, cap_i)`` with
+    ``sum x = extra``; writes ``relaxed = lo + x`` and returns ``(L, slope)`` (see
+    :func:`_relax_root`)."""
+    n = rates.shape[0]
+    start = np.nan
+    if n >= _SUBSAMPLE_FROM:
+        stride = n // _SUBSAMPLE
+        sub = np.arange(0, n, stride)
+        lo_s = lo if uniform else lo[sub]
+        hi_s = hi if uniform else hi[sub]
+        start, _ = _relax_root(rates[sub], lo_s, hi_s, uniform, c,
+                               extra * sub.shape[0] / n, np.nan)
+    root, slope = _relax_root(rates, lo, hi, uniform, c, extra, start)
     for i in range(n):
         j = 0 if uniform else i
         m = lo[j] - c
@@ -335,4 +405,4 @@ def linear_relax(rates, lo, hi, uniform, c, extra, relaxed):
             relaxed[i] = lo[j] + min(max(v, 0.0), cap)
         else:
             relaxed[i] = lo[j]
-    return root
+    return root, slope

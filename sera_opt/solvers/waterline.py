@@ -50,14 +50,21 @@ def continuous_waterline(problem: AllocationProblem) -> tuple[np.ndarray, float]
     division (no tolerance loop). Prompts with ``p = 0`` / ``p = 1`` follow the
     limit order of :mod:`sera_opt.solvers._tiers`.
     """
+    counts, level, _ = _relax(problem)
+    return counts, level
+
+
+def _relax(problem: AllocationProblem) -> tuple[np.ndarray, float, float]:
+    """:func:`continuous_waterline`, and the slope of ``sum_i n_i(L)`` at ``L*``."""
     linear_relax = _kernels().linear_relax
     rates = problem.rates
     c = problem.offset
     if not problem.has_edges:
         lo, hi, uniform = _kernel_bounds(problem)
         relaxed = np.empty(problem.num_prompts, dtype=np.float64)
-        level = linear_relax(rates, lo, hi, uniform, c, float(problem.spare_budget), relaxed)
-        return relaxed, float(level)
+        level, slope = linear_relax(rates, lo, hi, uniform, c, float(problem.spare_budget),
+                                    relaxed)
+        return relaxed, float(level), float(slope)
     lo = problem.min_rollouts
     m_lo = lo - c
     cap = problem.max_rollouts - lo
@@ -65,9 +72,9 @@ def continuous_waterline(problem: AllocationProblem) -> tuple[np.ndarray, float]
     def finite(idx, take):
         lo_t = np.ascontiguousarray(lo[idx])
         out = np.empty(lo_t.shape[0], dtype=np.float64)
-        level = linear_relax(np.ascontiguousarray(rates[idx]), lo_t,
-                             np.ascontiguousarray(problem.max_rollouts[idx]), False, c,
-                             float(take), out)
+        level, _ = linear_relax(np.ascontiguousarray(rates[idx]), lo_t,
+                                np.ascontiguousarray(problem.max_rollouts[idx]), False, c,
+                                float(take), out)
         return level, out - lo_t
 
     def lowest_level():
@@ -77,25 +84,27 @@ def continuous_waterline(problem: AllocationProblem) -> tuple[np.ndarray, float]
 
     level, inc = _tiers.fill_tiers(m_lo, cap, problem.spare_budget, rates == 0, np.isinf(rates),
                                    finite, continuous=True, finite_level=lowest_level)
-    return lo + inc, float(level)
+    return lo + inc, float(level), 0.0
 
 
-def integer_waterline(problem: AllocationProblem, hint: float = math.nan) -> np.ndarray:
+def integer_waterline(problem: AllocationProblem, hint: float = math.nan,
+                      hint_slope: float = 0.0) -> np.ndarray:
     """The lexicographically max-min optimal integer counts (exact).
 
     Equal to handing out the spare budget one rollout at a time to the prompt
     with the lowest current level among those below their maximum (ties: the
     prompt with the larger rate ``a_i`` first, then the lower index), but
     computed by locating the greedy's final level threshold directly: O(M)
-    per pass, a few passes. ``hint``, the continuous waterline level, is a
-    good starting point for that search (it only affects speed).
+    per pass, a few passes. ``hint``, the continuous waterline level (and
+    ``hint_slope``, the relaxation's slope there), is a good starting point for
+    that search (it only affects speed).
     """
     linear_solve = _kernels().linear_solve
     if not problem.has_edges:
         lo, hi, uniform = _kernel_bounds(problem)
         counts = np.empty(problem.num_prompts, dtype=np.int64)
         linear_solve(problem.rates, lo, hi, uniform, problem.offset, problem.spare_budget,
-                     float(hint), counts)
+                     float(hint), float(hint_slope), counts)
         return counts
     objective = PointLevels.from_problem(problem, hint=hint)
     from .separable import _solve
@@ -134,9 +143,9 @@ class WaterlineSolver(Solver):
 
     def _solve(self, problem: AllocationProblem, continuous: bool = True) -> Allocation:
         start = time.perf_counter()
-        relaxed, level = continuous_waterline(problem) if continuous else (None, None)
+        relaxed, level, slope = _relax(problem) if continuous else (None, None, 0.0)
         # The integer threshold lies just below the relaxation's level.
-        counts = integer_waterline(problem, math.nan if level is None else level)
+        counts = integer_waterline(problem, math.nan if level is None else level, slope)
         elapsed = time.perf_counter() - start
         return Allocation._trusted(problem, counts, solver=self.name, wall_time=elapsed,
                                    objective=PointLevels.from_problem(problem),
