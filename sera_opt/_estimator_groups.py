@@ -17,7 +17,9 @@ Slots are assigned without sorting the rollouts:
 * otherwise (sparse ids, such as hashes) the ids are hashed into compact slots
   by :mod:`._estimator_hashing`, exactly: two rollouts share a slot if and
   only if their ids are equal. Under data parallelism each rank's distinct ids
-  (not its rollouts) are gathered and sorted into one global numbering.
+  (not its rollouts) are gathered and sorted into one global numbering. Below
+  ``_HASH_MIN_ROLLOUTS`` rollouts the ids are sorted instead (``torch.unique``),
+  which is cheaper at that size.
 
 Slots without rollouts are harmless: their count is 0 and they are not
 counted as prompts of the batch. Under data parallelism the histogram is
@@ -234,6 +236,9 @@ def _histogram(codes: torch.Tensor, length: int) -> torch.Tensor:
 #: How sparse ids get their slots: "hash" (the default, no sort of the rollouts) or
 #: "sort" (torch.unique; the reference the tests compare the hashing against).
 _SPARSE_SLOTS = "hash"
+#: Below this many (local) rollouts sparse ids are sorted anyway: a sort of a few
+#: thousand values is cheaper than the hashing rounds' fixed costs.
+_HASH_MIN_ROLLOUTS = 1 << 13
 
 
 def _index_dtype(num_slots: int) -> torch.dtype:
@@ -245,7 +250,7 @@ def _index_dtype(num_slots: int) -> torch.dtype:
 def _sparse_codes(prompt_index, success, dist, process_group, world: int, n_max: int):
     """Codes ``2 * slot + success`` of sparse ids, and the slots' ids (tensor or HashedSlots)."""
     ids = prompt_index.long()
-    if _SPARSE_SLOTS == "sort":
+    if _SPARSE_SLOTS == "sort" or ids.numel() < _HASH_MIN_ROLLOUTS:
         slot_ids, slots = _compress(ids, dist, process_group, world)
         codes = slots.to(_index_dtype(slot_ids.numel()))
         return torch.add(success, codes, alpha=2, out=codes), slot_ids

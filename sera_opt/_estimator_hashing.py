@@ -54,7 +54,9 @@ _MULTIPLIERS_U64 = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB,
                     0xFF51AFD7ED558CCD)
 _MAX_ROUNDS = len(_MULTIPLIERS_U64)
 _MIN_BITS, _MAX_BITS = 4, 30  # ranks below 2**30 keep int32 codes valid
-_FUSED_MIN_ROLLOUTS = 1 << 16  # CPU batches from this size use the numba kernels
+#: The backend of CPU tensors: "numba" (about twice as fast as torch ops at every
+#: size; loading numba costs a second or so once per process) or "torch".
+_CPU_BACKEND = "numba"
 
 
 def _signed(value: int) -> int:
@@ -188,16 +190,12 @@ def hashed_codes(ids: torch.Tensor, success: torch.Tensor, codes: torch.Tensor, 
     the first table: about ``N / per_slot`` buckets, a load of at most 1/2 when
     prompts have ``2 * per_slot`` rollouts or more on average; the losers' rounds
     size theirs from an estimate of their distinct ids, at a load of at most 1/8.
-    ``backend`` is "numba" (fused kernels, CPU tensors; the default there from
-    ``_FUSED_MIN_ROLLOUTS`` rollouts on) or "torch" (torch ops, any device; the
-    default otherwise). Both compute the same rounds; on CPU with one thread
-    they write the same codes.
+    ``backend`` is "numba" (fused kernels, CPU tensors; the default there) or
+    "torch" (torch ops, any device; the default elsewhere). Both compute the
+    same rounds; on CPU with one thread they write the same codes.
     """
     if backend is None:
-        # Below a few ten thousand rollouts the torch ops take well under a
-        # millisecond, and loading numba (a second or so, once per process) would
-        # not pay for itself.
-        fused = ids.device.type == "cpu" and ids.numel() >= _FUSED_MIN_ROLLOUTS
+        fused = ids.device.type == "cpu" and _CPU_BACKEND == "numba"
         backend = "numba" if fused and _numba_available() else "torch"
     one_round = {"numba": _numba_round, "torch": _torch_round}[backend]
     n = ids.numel()

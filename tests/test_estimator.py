@@ -123,11 +123,14 @@ def test_all_slot_paths_agree_bitwise(data, combination):
         assert torch.equal(a, other), (a, other)
 
 
-def test_wide_ids_get_compact_slots_and_sorted_statistics():
+@pytest.mark.parametrize("hash_from", [0, 1 << 62])
+def test_wide_ids_get_compact_slots_and_sorted_statistics(hash_from):
     ids = torch.tensor([0, 10**15, 0, 10**15, 5])
-    groups = est.group(torch.tensor([1, 0, 0, 1, 1]), ids)
-    assert isinstance(groups.slot_ids, hashing.HashedSlots) and groups.num_slots == 3
-    stats = sera_opt.group_statistics(torch.tensor([1, 0, 0, 1, 1]), ids)
+    with _Setting(groups_module, _HASH_MIN_ROLLOUTS=hash_from):
+        groups = est.group(torch.tensor([1, 0, 0, 1, 1]), ids)
+        stats = sera_opt.group_statistics(torch.tensor([1, 0, 0, 1, 1]), ids)
+    assert isinstance(groups.slot_ids, hashing.HashedSlots) == (hash_from == 0)
+    assert groups.num_slots == 3
     assert stats.prompt_ids.tolist() == [0, 5, 10**15]
     assert stats.counts.tolist() == [2, 1, 2] and stats.successes.tolist() == [1, 1, 1]
     assert torch.equal(stats.prompt_ids[stats.slot_index], ids)
@@ -203,8 +206,8 @@ def test_hashed_slots_match_the_sort_reference_bitwise(pool, data, fused):
     rewards = torch.tensor(outcomes, dtype=torch.float64)
     with _Setting(groups_module, _SPARSE_SLOTS="sort"):
         reference, ref_stats = _advantages_and_stats(rewards, ids)
-    threshold = 0 if fused else 1 << 62
-    with _Setting(hashing, _FUSED_MIN_ROLLOUTS=threshold):
+    with _Setting(hashing, _CPU_BACKEND="numba" if fused else "torch"), \
+            _Setting(groups_module, _HASH_MIN_ROLLOUTS=0):
         got, stats = _advantages_and_stats(rewards, ids)
     span = int(ids.max()) - int(ids.min()) + 1
     sparse = span > groups_module._DENSE_RANGE_FACTOR * n + groups_module._DENSE_RANGE_SLACK
@@ -215,7 +218,8 @@ def test_hashed_slots_match_the_sort_reference_bitwise(pool, data, fused):
                   "num_rollouts"):
         assert torch.equal(getattr(stats, field), getattr(ref_stats, field)), field
     if sparse:
-        groups = est.group(rewards, ids)
+        with _Setting(groups_module, _HASH_MIN_ROLLOUTS=0):
+            groups = est.group(rewards, ids)
         assert isinstance(groups.slot_ids, hashing.HashedSlots)
         assert groups.num_slots == torch.unique(ids).numel()  # compact: one slot per prompt
 
@@ -272,7 +276,7 @@ def test_sparse_ids_are_not_sorted(fused):
     """Hashing sorts nothing (the old path sorted all N rollouts with torch.unique)."""
     g = torch.Generator().manual_seed(9)
     pool = torch.randint(-(2**63), 2**63 - 1, (1000,), generator=g)
-    ids = pool[torch.randint(0, 1000, (8000,), generator=g)]
+    ids = pool[torch.randint(0, 1000, (2 * groups_module._HASH_MIN_ROLLOUTS,), generator=g)]
     rewards = (torch.rand(ids.numel(), generator=g) < 0.5).float()
     expected = sera_opt.maxrl_advantages(rewards, torch.unique(ids, return_inverse=True)[1])
 
@@ -287,7 +291,7 @@ def test_sparse_ids_are_not_sorted(fused):
                 self.calls.append(name)
             return func(*args, **(kwargs or {}))
 
-    with _Setting(hashing, _FUSED_MIN_ROLLOUTS=0 if fused else 1 << 62), Recorder() as recorder:
+    with _Setting(hashing, _CPU_BACKEND="numba" if fused else "torch"), Recorder() as recorder:
         got = sera_opt.maxrl_advantages(rewards, ids)
     assert recorder.calls == []
     assert torch.equal(got, expected)

@@ -9,6 +9,7 @@ and compares its own positions bit for bit. Failures travel back as text.
 from __future__ import annotations
 
 import datetime
+import itertools
 import socket
 import time
 import traceback
@@ -70,23 +71,38 @@ def _scenarios(rank, failures):
         "random 64-bit (hashed)": (keys[ids], None),
         "colliding (hashed)": (_colliding(counts.numel())[ids], None),
     }
-    for estimator in sera_opt.ESTIMATORS:
-        for correction in (True, False):
-            for label, (prompt_ids, num_prompts) in id_maps.items():
-                kwargs = dict(estimator=estimator, multiplicity_correction=correction,
-                              num_prompts=num_prompts)
-                full = sera_opt.maxrl_advantages(rewards, prompt_ids, **kwargs)
-                shard = sera_opt.maxrl_advantages(rewards[mine], prompt_ids[mine],
-                                                  process_group=group, **kwargs)
-                _check(torch.equal(shard, full[mine]),
-                       f"{estimator}, correction={correction}, {label}: shard differs by "
-                       f"{(shard - full[mine]).abs().max().item()}", failures)
-                if num_prompts is not None:
-                    fast = sera_opt.maxrl_advantages(rewards[mine], prompt_ids[mine],
-                                                     process_group=group, validate=False,
-                                                     **kwargs)
-                    _check(torch.equal(fast, full[mine]), f"{label}: validate=False differs",
-                           failures)
+    from sera_opt import _estimator_groups
+
+    # The shards are small: run the sparse ids through the hashing and the sort.
+    for hash_from, estimator, correction in itertools.product(
+            (0, 1 << 62), sera_opt.ESTIMATORS, (True, False)):
+        _estimator_groups._HASH_MIN_ROLLOUTS = hash_from
+        for label, (prompt_ids, num_prompts) in id_maps.items():
+            kwargs = dict(estimator=estimator, multiplicity_correction=correction,
+                          num_prompts=num_prompts)
+            full = sera_opt.maxrl_advantages(rewards, prompt_ids, **kwargs)
+            shard = sera_opt.maxrl_advantages(rewards[mine], prompt_ids[mine],
+                                              process_group=group, **kwargs)
+            _check(torch.equal(shard, full[mine]),
+                   f"{estimator}, correction={correction}, {label}: shard differs by "
+                   f"{(shard - full[mine]).abs().max().item()}", failures)
+            if num_prompts is not None:
+                fast = sera_opt.maxrl_advantages(rewards[mine], prompt_ids[mine],
+                                                 process_group=group, validate=False,
+                                                 **kwargs)
+                _check(torch.equal(fast, full[mine]), f"{label}: validate=False differs",
+                       failures)
+            stats = sera_opt.group_statistics(rewards[mine], prompt_ids[mine],
+                                              process_group=group, num_prompts=num_prompts)
+            full_stats = sera_opt.group_statistics(rewards, prompt_ids,
+                                                   num_prompts=num_prompts)
+            for field in ("prompt_ids", "counts", "successes"):
+                _check(torch.equal(getattr(stats, field), getattr(full_stats, field)),
+                       f"{label}, hash_from={hash_from}: global {field} differ", failures)
+            _check(torch.equal(stats.prompt_ids[stats.slot_index], prompt_ids[mine]),
+                   f"{label}, hash_from={hash_from}: slot_index does not name the ids",
+                   failures)
+    _estimator_groups._HASH_MIN_ROLLOUTS = 0
 
     # All rollouts on rank 0, none on rank 1 (an empty shard still joins the collectives).
     for label, (prompt_ids, num_prompts) in id_maps.items():
