@@ -239,3 +239,20 @@ def test_objective_field_is_the_maximized_sum():
 def test_objective_class_refuses_alpha_inf():
     with pytest.raises(SeraOptError, match="max-min"):
         AlphaFairUtility([0.5], alpha=math.inf)
+
+
+def test_the_docs_picture_of_counts_against_alpha(tmp_path):
+    pytest.importorskip("matplotlib")
+    import json
+
+    from sera_opt.benchmarks import alpha_counts
+
+    assert alpha_counts.main(["--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "alpha_counts.json").read_text())
+    assert (tmp_path / "alpha_counts.png").stat().st_size > 10_000
+    hardest = [result["counts"][k][0] for k in ("0", "0.5", "1", "2", "4", "inf")]
+    assert hardest == sorted(hardest) and hardest[0] < hardest[-1], hardest
+    sums = result["sum_of_factors"]
+    assert sums["0"] == max(v for k, v in sums.items() if k != "uniform")
+    mins = result["min_factor"]
+    assert mins["inf"] == max(mins.values())
