@@ -76,11 +76,12 @@ def train(
 
     model = DigitSumPolicy()
     optimizer = torch.optim.Adam(model.parameters(), lr=learning_rate)
-    # The mean-centred estimator needs >= 2 rollouts per prompt to carry signal (offset c = 1).
-    options = {"min_rollouts": 2, "max_rollouts": 4 * rollouts_per_prompt}
-    if policy == "sera":
-        options["offset"] = 1
-    planner = sera_opt.RolloutPlanner(policy, **options)
+    # The loss uses the mean-centred estimator: plan for its offset c (1), which also means
+    # >= 2 rollouts per prompt, since one rollout carries no signal with c = 1.
+    offset = sera_opt.ESTIMATOR_OFFSETS["mean_centred"]
+    planner = sera_opt.RolloutPlanner(
+        policy, min_rollouts=1 + offset, max_rollouts=4 * rollouts_per_prompt, offset=offset
+    )
 
     def rollout(plan: RolloutPlan):
         rows = torch.as_tensor(plan.row_prompt_ids, dtype=torch.long)

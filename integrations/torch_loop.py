@@ -42,6 +42,7 @@ import torch
 
 import sera_opt
 from sera_opt.exceptions import SeraOptError, SeraOptWarning
+from sera_opt.integrations import _common
 
 __all__ = [
     "LOSS_MODES",
@@ -55,8 +56,8 @@ __all__ = [
     "plan_rollouts",
 ]
 
-#: The aggregation modes of :func:`sera_opt.aggregate_loss`.
-LOSS_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "token-sum")
+#: The aggregation modes of :func:`sera_opt.aggregate_loss` (:data:`sera_opt.LOSS_MODES`).
+LOSS_MODES = _common.LOSS_MODES
 
 
 @dataclass(frozen=True)
@@ -118,19 +119,7 @@ class RolloutPlan:
             Kept on the plan for logging.
         """
         ids = _as_prompt_id_array(prompt_ids)
-        raw = np.asarray(counts)
-        if raw.ndim != 1 or raw.shape[0] != ids.shape[0]:
-            raise SeraOptError(
-                f"counts must be a 1-D sequence with one entry per prompt ({ids.shape[0]}); got shape {raw.shape}."
-            )
-        if raw.size and (not np.issubdtype(raw.dtype, np.number) or np.any(raw != np.round(raw))):
-            raise SeraOptError(f"counts must be whole numbers; got {raw.tolist()}.")
-        counts_arr = raw.astype(np.int64)
-        if np.any(counts_arr < 1):
-            raise SeraOptError(
-                f"every prompt needs at least one rollout; got counts {counts_arr.tolist()}. "
-                "Drop prompts with no rollouts from the batch before planning."
-            )
+        counts_arr = _common.check_counts(counts, ids.shape[0], minimum=1)
         prompt_index = np.repeat(np.arange(ids.shape[0], dtype=np.int64), counts_arr)
         return cls(
             prompt_ids=ids, counts=counts_arr, prompt_index=prompt_index, allocation=allocation
@@ -200,7 +189,7 @@ def _as_prompt_id_array(prompt_ids: Sequence[Any]) -> np.ndarray:
 
 
 def check_planner_offset(planner: Any, estimator: str, *, stacklevel: int = 2) -> None:
-    """Warn when a SERA planner equalizes the factors of the other estimator.
+    """Warn when an offset-sensitive planner equalizes the factors of the other estimator.
 
     SERA equalizes ``w_c(p, n) = 1 - (1 - p)^(n - c)`` for the offset ``c`` it was
     built with; the estimator's attenuation has its own offset
@@ -212,20 +201,18 @@ def check_planner_offset(planner: Any, estimator: str, *, stacklevel: int = 2) -
     Parameters
     ----------
     planner : sera_opt.RolloutPlanner
-        The planner; policies other than SERA's are not checked.
+        The planner. Only policies that declare ``offset_sensitive`` (their counts
+        depend on c: ``"sera"``, ``"sera-bayes"``, ...) are checked; the others'
+        counts are the same whatever their offset.
     estimator : str
         The MaxRL estimator the advantages use.
     stacklevel : int
         Passed to :func:`warnings.warn`.
     """
-    expected = sera_opt.ESTIMATOR_OFFSETS.get(estimator)
+    expected = _common.ESTIMATOR_OFFSETS.get(estimator)
     policy = getattr(planner, "policy", None)
     offset = getattr(policy, "offset", None)
-    if (
-        expected is None
-        or offset is None
-        or not str(getattr(policy, "name", "")).startswith("sera")
-    ):
+    if expected is None or offset is None or not getattr(policy, "offset_sensitive", False):
         return
     if int(offset) != expected:
         warnings.warn(
@@ -266,13 +253,7 @@ def plan_rollouts(planner: Any, prompt_ids: Sequence[Any], budget: int) -> Rollo
     if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or budget < 1:
         raise SeraOptError(f"budget must be a positive integer number of rollouts; got {budget!r}.")
     allocation = planner.plan(ids.tolist(), int(budget))
-    counts = np.asarray(allocation.counts, dtype=np.int64)
-    if counts.shape != ids.shape or int(counts.sum()) != int(budget):
-        raise SeraOptError(
-            f"the planner returned counts of shape {counts.shape} summing to {int(counts.sum())} for "
-            f"{ids.shape[0]} prompts and budget {int(budget)}; a planner must return one count per prompt "
-            "summing to the budget."
-        )
+    counts = _common.check_counts(allocation, ids.shape[0], minimum=1, budget=int(budget))
     return RolloutPlan.from_counts(ids, counts, allocation=allocation)
 
 
@@ -418,14 +399,19 @@ def observe(
     plan : RolloutPlan
         The plan the rewards were sampled from.
     rewards : array-like, shape (B,)
-        The rewards, in row order.
+        The rewards, in row order: binary (0/1 or bool) unless ``success_threshold``
+        is given.
     success_threshold : float, optional
         When given, the planner sees ``rewards >= success_threshold`` (as 0/1), the
         outcomes :func:`sera_opt.maxrl_advantages` uses with the same threshold.
+
+    Raises
+    ------
+    SeraOptError
+        A reward count other than ``plan.budget``, NaN rewards, or non-binary
+        rewards without a threshold.
     """
-    values = _rewards_tensor(rewards, plan.budget, None).cpu().numpy().astype(np.float64)
-    if success_threshold is not None:
-        values = (values >= success_threshold).astype(np.float64)
+    values = _common.binary_outcomes(_rewards_tensor(rewards, plan.budget, None), success_threshold)
     planner.observe(plan.row_prompt_ids.tolist(), values)
 
 

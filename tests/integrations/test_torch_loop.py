@@ -121,8 +121,10 @@ def test_plan_rollouts_rejects_bad_input():
 def test_plan_from_counts_validates():
     plan = RolloutPlan.from_counts(["a", "b"], [3, 1])
     assert plan.row_prompt_ids.tolist() == ["a", "a", "a", "b"]
-    with pytest.raises(SeraOptError, match="at least one"):
+    with pytest.raises(SeraOptError, match="at least 1 rollout"):
         RolloutPlan.from_counts(["a", "b"], [3, 0])
+    with pytest.raises(SeraOptError, match="whole numbers"):
+        RolloutPlan.from_counts(["a", "b"], [True, True])
     with pytest.raises(SeraOptError, match="whole numbers"):
         RolloutPlan.from_counts(["a", "b"], [1.5, 2])
     with pytest.raises(SeraOptError, match="one entry per prompt"):
@@ -263,6 +265,21 @@ def test_observe_feeds_one_reward_per_row():
         observe(planner, plan, [1.0, 0.0])
 
 
+def test_observe_feeds_the_outcomes_the_estimator_uses():
+    planner = _FixedPlanner([2, 1])
+    plan = plan_rollouts(planner, ["x", "y"], budget=3)
+    observe(planner, plan, [0.2, 0.9, 0.5], success_threshold=0.5)
+    observe(planner, plan, torch.tensor([True, False, True]))
+    assert [rewards for _, rewards in planner.observed] == [[0.0, 1.0, 1.0], [1.0, 0.0, 1.0]]
+    # Graded rewards without a threshold, and NaN, are refused as maxrl_loss refuses them:
+    # a NaN compared with a threshold would otherwise be fed as a silent failure.
+    with pytest.raises(SeraOptError, match="binary"):
+        observe(planner, plan, [0.2, 0.9, 0.5])
+    with pytest.raises(SeraOptError, match="NaN"):
+        observe(planner, plan, [1.0, float("nan"), 0.0], success_threshold=0.5)
+    assert len(planner.observed) == 2
+
+
 def test_observe_moves_the_planners_estimates():
     planner = sera_opt.RolloutPlanner("sera", min_rollouts=2, max_rollouts=8, offset=1)
     before = np.asarray(planner.tracker.estimate([1, 2]), dtype=float)
@@ -307,6 +324,33 @@ def test_maxrl_step_warns_when_the_planner_offset_does_not_match_the_estimator()
         warnings.simplefilter("error")
         maxrl_step(planner, [1, 2], 4, _rollout_fn("tuple2"), estimator="success_average")
         check_planner_offset(sera_opt.RolloutPlanner("uniform", min_rollouts=2), "mean_centred")
+
+
+def _declared_planner(name, offset_sensitive):
+    return SimpleNamespace(
+        policy=SimpleNamespace(name=name, offset=0, offset_sensitive=offset_sensitive)
+    )
+
+
+def test_offset_check_follows_the_policys_declaration_not_its_name():
+    # Declared sensitive under any name: checked. Declared insensitive, even if named "sera...": not.
+    with pytest.warns(SeraOptWarning, match="offset=1"):
+        check_planner_offset(_declared_planner("my-equalizer", True), "mean_centred")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_planner_offset(_declared_planner("sera-like", False), "mean_centred")
+        check_planner_offset(_declared_planner("my-equalizer", True), "success_average")
+
+
+@pytest.mark.parametrize("name", sera_opt.available_policies())
+def test_offset_check_warns_for_every_offset_sensitive_registered_policy(name):
+    policy = sera_opt.get_policy(name)
+    planner = SimpleNamespace(policy=policy)
+    mismatched = next(e for e, c in sera_opt.ESTIMATOR_OFFSETS.items() if c != policy.offset)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check_planner_offset(planner, mismatched)
+    assert bool(caught) == policy.offset_sensitive, (name, [str(w.message) for w in caught])
 
 
 def test_maxrl_step_can_leave_the_planner_alone():

@@ -1,0 +1,388 @@
+"""What the trainer adapters share: estimators, loss modes, outcomes, counts, checkpoints, versions.
+
+The TRL, verl and plain-PyTorch adapters each translate a trainer's settings into
+the same few :mod:`sera_opt` calls. The rules they have in common live here, once:
+
+* the MaxRL estimator names and their offsets c (read from
+  :data:`sera_opt.ESTIMATOR_OFFSETS`, never restated), and the default count
+  bounds that follow from them;
+* the lookup of a trainer's loss setting in its table of
+  :data:`sera_opt.LOSS_MODES` equivalents;
+* how rewards become the binary outcomes a planner observes;
+* the checks on per-prompt counts;
+* the planner's file inside a trainer checkpoint;
+* the policy for trainer releases the adapters were not written against.
+
+This module imports torch (through :mod:`sera_opt`'s estimator); ``import
+sera_opt`` does not import it.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+import sera_opt
+from sera_opt.exceptions import SeraOptError, SeraOptWarning
+
+__all__ = [
+    "ALLOW_UNTESTED_VERSIONS_ENV",
+    "ESTIMATORS",
+    "ESTIMATOR_OFFSETS",
+    "LEGACY_PLANNER_STATE_FILES",
+    "LOSS_MODES",
+    "MAX_ROLLOUTS_PER_MEAN_COUNT",
+    "PLANNER_STATE_FILE",
+    "binary_outcomes",
+    "check_counts",
+    "check_success_threshold",
+    "check_version",
+    "default_max_rollouts",
+    "default_min_rollouts",
+    "estimator_offset",
+    "load_planner",
+    "loss_mode",
+    "planner_state_path",
+    "save_planner",
+    "version_supported",
+]
+
+#: The MaxRL estimators (:data:`sera_opt.ESTIMATORS`).
+ESTIMATORS: tuple[str, ...] = tuple(sera_opt.ESTIMATORS)
+
+#: Estimator name -> offset c of its attenuation factor (:data:`sera_opt.ESTIMATOR_OFFSETS`).
+ESTIMATOR_OFFSETS: Mapping[str, int] = sera_opt.ESTIMATOR_OFFSETS
+
+#: The aggregation modes of :func:`sera_opt.aggregate_loss` (:data:`sera_opt.LOSS_MODES`).
+LOSS_MODES: tuple[str, ...] = tuple(sera_opt.LOSS_MODES)
+
+#: The adapters' default cap on a prompt's count, as a multiple of the mean count
+#: (``num_generations`` in TRL, ``rollout.n`` in verl).
+MAX_ROLLOUTS_PER_MEAN_COUNT = 4
+
+#: File name of the planner state inside a trainer's checkpoint folder (TRL's
+#: ``checkpoint-<step>``, verl's ``global_step_<n>``).
+PLANNER_STATE_FILE = "sera_planner.pt"
+
+#: Names earlier releases wrote (the TRL adapter's), still read on restore so that
+#: existing checkpoints resume with their planner.
+LEGACY_PLANNER_STATE_FILES: tuple[str, ...] = ("sera_planner_state.pt",)
+
+#: Set to ``1`` to run an adapter on a trainer release it was not written against
+#: (a :class:`sera_opt.SeraOptWarning` instead of an error).
+ALLOW_UNTESTED_VERSIONS_ENV = "SERA_OPT_ALLOW_UNTESTED_VERSIONS"
+
+
+# --------------------------------------------------------------------------- estimators
+
+
+def estimator_offset(estimator: Any, *, option: str = "estimator") -> int:
+    """The offset c of a MaxRL estimator, or a :class:`SeraOptError` naming ``option``.
+
+    Parameters
+    ----------
+    estimator : str
+        One of :data:`ESTIMATORS`.
+    option : str
+        How the user spells the setting (``"estimator"``,
+        ``"algorithm.sera_maxrl.estimator"``), for the message.
+    """
+    if not isinstance(estimator, str) or estimator not in ESTIMATOR_OFFSETS:
+        raise SeraOptError(
+            f"{option} must be one of {ESTIMATORS}, got {estimator!r} ('mean_centred' is the "
+            f"official MaxRL form with offset c = 1; 'success_average' has c = 0)."
+        )
+    return int(ESTIMATOR_OFFSETS[estimator])
+
+
+def default_min_rollouts(estimator: str) -> int:
+    """``1 + c``: the fewest rollouts with which the estimator's factor is positive."""
+    return 1 + estimator_offset(estimator)
+
+
+def default_max_rollouts(mean_count: int, min_rollouts: int = 1) -> int:
+    """``MAX_ROLLOUTS_PER_MEAN_COUNT * mean_count``, and never below ``min_rollouts``."""
+    return max(MAX_ROLLOUTS_PER_MEAN_COUNT * int(mean_count), int(min_rollouts))
+
+
+# --------------------------------------------------------------------------- loss modes
+
+
+def loss_mode(table: Mapping[str, str], name: Any, *, option: str) -> str:
+    """The :func:`sera_opt.aggregate_loss` mode of a trainer's loss setting.
+
+    Parameters
+    ----------
+    table : mapping
+        The trainer's settings -> a mode of :data:`LOSS_MODES`.
+    name : str
+        The setting's value.
+    option : str
+        The setting's name in the trainer (``"loss_type"``,
+        ``"actor_rollout_ref.actor.loss_agg_mode"``), for the message.
+
+    Raises
+    ------
+    SeraOptError
+        For a value the table does not list.
+    """
+    try:
+        mode = table[name]
+    except (KeyError, TypeError):
+        raise SeraOptError(
+            f"{option}={name!r} is not one of {sorted(table)}, the settings whose batch-wide "
+            f"normalisation the multiplicity correction is matched to."
+        ) from None
+    if mode not in LOSS_MODES:  # pragma: no cover - a typo in an adapter's table
+        raise AssertionError(f"{option}={name!r} maps to {mode!r}, not one of {LOSS_MODES}")
+    return mode
+
+
+# --------------------------------------------------------------------------- outcomes
+
+
+def check_success_threshold(value: Any, *, option: str = "success_threshold") -> float | None:
+    """None, or a finite real number (not a bool), as a float."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise SeraOptError(f"{option} must be a finite number or None (null), got {value!r}.")
+    return float(value)
+
+
+def binary_outcomes(rewards: Any, success_threshold: float | None = None) -> np.ndarray:
+    """The 0/1 outcome of every rollout, as a planner observes it (float64, on the host).
+
+    The same rule as :func:`sera_opt.maxrl_advantages`: boolean rewards are the
+    outcomes; numbers must be exactly 0 or 1 unless ``success_threshold`` is given,
+    in which case a rollout succeeds when its reward is at least the threshold.
+
+    Parameters
+    ----------
+    rewards : array-like or torch.Tensor, shape (N,)
+    success_threshold : float, optional
+
+    Raises
+    ------
+    SeraOptError
+        Rewards that are not one number per rollout, NaN or infinite rewards, or
+        non-binary rewards without a threshold.
+    """
+    threshold = check_success_threshold(success_threshold)
+    if isinstance(rewards, torch.Tensor):
+        rewards = rewards.detach().cpu().numpy()
+    values = np.asarray(rewards)
+    if values.ndim != 1:
+        raise SeraOptError(
+            f"rewards must hold one number per rollout (shape (N,)), got shape {values.shape}."
+        )
+    if values.dtype == bool:
+        return values.astype(np.float64)
+    if not np.issubdtype(values.dtype, np.number) or np.iscomplexobj(values):
+        raise SeraOptError(f"rewards must be real numbers or booleans, got dtype {values.dtype}.")
+    values = values.astype(np.float64)
+    if not np.all(np.isfinite(values)):
+        raise SeraOptError(
+            f"{int(np.count_nonzero(~np.isfinite(values)))} rewards are NaN or infinite; every "
+            "rollout needs a finite reward (its outcome) before the planner can observe it."
+        )
+    if threshold is not None:
+        return (values >= threshold).astype(np.float64)
+    if not np.all((values == 0) | (values == 1)):
+        bad = values[(values != 0) & (values != 1)]
+        raise SeraOptError(
+            f"rewards must be binary (0 or 1) outcomes, got {bad[:5].tolist()}; pass "
+            "success_threshold= to count rewards at or above it as successes."
+        )
+    return values
+
+
+# --------------------------------------------------------------------------- counts
+
+
+def check_counts(
+    counts: Any, num_prompts: int, *, minimum: int = 1, budget: int | None = None
+) -> np.ndarray:
+    """Validated per-prompt rollout counts as int64.
+
+    Parameters
+    ----------
+    counts : array-like, torch.Tensor or Allocation
+        One whole number per prompt (an Allocation's ``.counts`` are used).
+    num_prompts : int
+        The number of prompts the counts are for.
+    minimum : int
+        The smallest count allowed (0 lets a prompt be dropped).
+    budget : int, optional
+        When given, the counts must sum to it.
+
+    Raises
+    ------
+    SeraOptError
+        Wrong shape, booleans, fractions, NaN, counts below ``minimum``, counts that
+        sum to 0, or a sum other than ``budget``.
+    """
+    counts = getattr(counts, "counts", counts)
+    if isinstance(counts, torch.Tensor):
+        counts = counts.detach().cpu().numpy()
+    array = np.asarray(counts)
+    if array.ndim != 1 or array.shape[0] != num_prompts:
+        raise SeraOptError(
+            f"counts must be a 1-D sequence with one entry per prompt ({num_prompts}), got "
+            f"shape {array.shape}."
+        )
+    whole = np.issubdtype(array.dtype, np.integer) or (
+        np.issubdtype(array.dtype, np.floating)
+        and bool(np.all(np.isfinite(array)))
+        and bool(np.all(array == np.round(array)))
+    )
+    if array.dtype == bool or not whole:
+        raise SeraOptError(f"counts must be whole numbers of rollouts, got {array.tolist()!r}.")
+    array = array.astype(np.int64)
+    if num_prompts and int(array.min()) < minimum:
+        raise SeraOptError(
+            f"every prompt needs at least {minimum} rollout(s); got counts {array.tolist()}. "
+            + (
+                "Drop prompts with no rollouts from the batch before planning."
+                if minimum >= 1
+                else ""
+            )
+        )
+    total = int(array.sum())
+    if num_prompts and total == 0:
+        raise SeraOptError("the counts sum to 0: no rollouts would be generated.")
+    if budget is not None and total != int(budget):
+        raise SeraOptError(
+            f"the counts sum to {total}; a planner must return one count per prompt summing to "
+            f"the budget ({int(budget)})."
+        )
+    return array
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def planner_state_path(folder: str | os.PathLike) -> str:
+    """Where :func:`save_planner` writes the planner inside a checkpoint folder."""
+    return os.path.join(os.fspath(folder), PLANNER_STATE_FILE)
+
+
+def save_planner(planner: Any, folder: str | os.PathLike) -> str:
+    """Write ``planner.state_dict()`` as :data:`PLANNER_STATE_FILE` in ``folder``.
+
+    Returns
+    -------
+    str
+        The file written.
+    """
+    os.makedirs(folder, exist_ok=True)
+    path = planner_state_path(folder)
+    torch.save(planner.state_dict(), path)
+    return path
+
+
+def _numpy_globals() -> list[Any]:
+    """What a pickled numpy array or scalar refers to (for ``torch.load(weights_only=True)``)."""
+    reconstruct = np.zeros(1).__reduce__()[0]
+    scalar = np.float64(0).__reduce__()[0]
+    # A pickled dtype names its class (numpy.dtypes.Int64DType, ...): allow every numpy dtype class.
+    dtype_classes = [getattr(np.dtypes, name) for name in np.dtypes.__all__]
+    return [np.ndarray, np.dtype, reconstruct, scalar, *dtype_classes]
+
+
+def load_planner(planner: Any, folder: str | os.PathLike) -> str | None:
+    """Restore ``planner`` from a checkpoint folder written by :func:`save_planner`.
+
+    Reads :data:`PLANNER_STATE_FILE`, or else one of
+    :data:`LEGACY_PLANNER_STATE_FILES`. The file is loaded with
+    ``torch.load(weights_only=True)`` and numpy's array types allowed, so a
+    checkpoint from elsewhere cannot run code when it is resumed.
+
+    Returns
+    -------
+    str or None
+        The file read, or None when the folder holds none (the planner is left as
+        it was).
+    """
+    for name in (PLANNER_STATE_FILE, *LEGACY_PLANNER_STATE_FILES):
+        path = os.path.join(os.fspath(folder), name)
+        if os.path.exists(path):
+            break
+    else:
+        return None
+    with torch.serialization.safe_globals(_numpy_globals()):
+        try:
+            state = torch.load(path, weights_only=True)
+        except Exception as exc:  # torch raises UnpicklingError (or RuntimeError) here
+            raise SeraOptError(
+                f"{path} is not a planner state that can be loaded safely ({exc}); it should hold "
+                "the dict that RolloutPlanner.state_dict() returns (arrays, numbers and strings)."
+            ) from exc
+    planner.load_state_dict(state)
+    return path
+
+
+# --------------------------------------------------------------------------- versions
+
+
+def version_supported(version: str, supported: tuple[str, ...]) -> bool:
+    """True when ``version`` starts with one of the ``supported`` release prefixes."""
+    return any(str(version).startswith(prefix) for prefix in supported)
+
+
+def check_version(
+    package: str,
+    version: str,
+    supported: tuple[str, ...],
+    *,
+    adapter: str,
+    reason: str,
+    stacklevel: int = 2,
+) -> None:
+    """Refuse a trainer release an adapter was not written against.
+
+    Both trainer adapters override internals of one release series (TRL's
+    private ``GRPOTrainer`` methods, verl's V1 trainer methods and call
+    conventions); on another release they could run and compute something else
+    without a word. So an unsupported release is an error, unless
+    ``SERA_OPT_ALLOW_UNTESTED_VERSIONS=1`` is set, which turns it into a
+    :class:`sera_opt.SeraOptWarning` for users who check the results themselves.
+
+    Parameters
+    ----------
+    package : str
+        The distribution name (``"trl"``, ``"verl"``), for the message.
+    version : str
+        The installed version.
+    supported : tuple of str
+        Release prefixes the adapter supports (``("1.16.",)``).
+    adapter : str
+        The adapter's name, for the message.
+    reason : str
+        What the adapter relies on in that release.
+    """
+    if version_supported(version, supported):
+        return
+    series = ", ".join(prefix + "*" for prefix in supported)
+    pins = " or ".join(f"'{package}=={prefix}*'" for prefix in supported)
+    message = (
+        f"{adapter} supports {package} {series}; found {package} {version}. {reason} "
+        f"Install a supported release (pip install {pins})"
+    )
+    if os.environ.get(ALLOW_UNTESTED_VERSIONS_ENV) == "1":
+        warnings.warn(
+            f"{message}; running anyway because {ALLOW_UNTESTED_VERSIONS_ENV}=1.",
+            SeraOptWarning,
+            stacklevel=stacklevel + 1,
+        )
+        return
+    raise SeraOptError(
+        f"{message}, or set {ALLOW_UNTESTED_VERSIONS_ENV}=1 to run it anyway with a warning."
+    )
