@@ -51,6 +51,7 @@ except ImportError as _error:  # pragma: no cover - depends on the environment
     ) from _error
 
 import sera_opt
+from sera_opt.integrations import _common
 from sera_opt.integrations.torch_loop import RolloutPlan, check_planner_offset, plan_rollouts
 
 __all__ = [
@@ -65,7 +66,8 @@ __all__ = [
 ]
 
 #: trl release series this adapter was written and tested against; it overrides
-#: private methods of ``GRPOTrainer``, so other series are refused.
+#: private methods of ``GRPOTrainer``, so other series are refused
+#: (:func:`sera_opt.integrations._common.check_version`).
 SUPPORTED_TRL_VERSIONS = ("1.16.",)
 
 #: How each ``GRPOConfig.loss_type`` of trl 1.16 aggregates per-token losses, in
@@ -94,10 +96,10 @@ LOSS_TYPE_TO_MODE = {
     "luspo": "seq-mean-token-sum",
 }
 
-#: File name of the planner state inside a checkpoint folder.
-PLANNER_STATE_FILE = "sera_planner_state.pt"
-
-_ESTIMATORS = ("mean_centred", "success_average")
+#: File name of the planner state inside a ``checkpoint-<step>`` folder (the name the
+#: verl adapter uses too). Checkpoints written under the earlier name,
+#: ``sera_planner_state.pt``, are still restored.
+PLANNER_STATE_FILE = _common.PLANNER_STATE_FILE
 
 
 def loss_mode(loss_type: str) -> str:
@@ -108,13 +110,7 @@ def loss_mode(loss_type: str) -> str:
     SeraOptError
         For a loss type this adapter does not know.
     """
-    try:
-        return LOSS_TYPE_TO_MODE[loss_type]
-    except KeyError:
-        raise SeraOptError(
-            f"loss_type {loss_type!r} is not supported by SeraGRPOTrainer; use one of "
-            f"{sorted(LOSS_TYPE_TO_MODE)}."
-        ) from None
+    return _common.loss_mode(LOSS_TYPE_TO_MODE, loss_type, option="loss_type")
 
 
 def stable_prompt_id(prompt: Any) -> int:
@@ -136,30 +132,35 @@ def default_planner(estimator: str = "mean_centred", num_generations: int | None
     ``"success_average"``), ``min_rollouts`` 2 (1 for ``"success_average"``) and
     ``max_rollouts = 4 * num_generations`` when ``num_generations`` is given.
     """
-    if estimator not in _ESTIMATORS:
-        raise SeraOptError(f"unknown estimator {estimator!r}; use one of {_ESTIMATORS}.")
-    offset = 1 if estimator == "mean_centred" else 0
-    options: dict[str, Any] = {"min_rollouts": 1 + offset, "offset": offset}
+    offset = _common.estimator_offset(estimator)
+    options: dict[str, Any] = {
+        "min_rollouts": _common.default_min_rollouts(estimator),
+        "offset": offset,
+    }
     if num_generations is not None:
-        options["max_rollouts"] = 4 * int(num_generations)
+        options["max_rollouts"] = _common.default_max_rollouts(num_generations)
     return sera_opt.RolloutPlanner("sera", **options)
 
 
-def _version_supported(version: str) -> bool:
-    return any(version.startswith(prefix) for prefix in SUPPORTED_TRL_VERSIONS)
-
-
 def check_grpo_config(
-    args: GRPOConfig, *, rollout_func: Any = None, estimator: str = "mean_centred"
+    args: GRPOConfig,
+    *,
+    rollout_func: Any = None,
+    estimator: str = "mean_centred",
+    stacklevel: int = 2,
 ) -> None:
     """Refuse a ``GRPOConfig`` whose counts or advantages the adapter cannot honour.
+
+    ``stacklevel`` places the warning for an allowed untested trl release, as in
+    :func:`warnings.warn`.
 
     Raises
     ------
     SeraOptError
         With the reason and the fix, when
 
-        * trl is not a 1.16 release (private methods are overridden);
+        * trl is not a 1.16 release (private methods are overridden), unless
+          ``SERA_OPT_ALLOW_UNTESTED_VERSIONS=1`` is set (then a warning);
         * ``rollout_func`` is set (a custom rollout decides its own completions per
           prompt, so the counts could not be guaranteed);
         * ``multi_objective_aggregation`` is not ``"sum_then_normalize"`` (the other
@@ -171,15 +172,21 @@ def check_grpo_config(
           multiple of ``num_generations``), since each process plans its own prompts;
         * the estimator is unknown.
     """
-    if not _version_supported(trl.__version__):
-        raise SeraOptError(
-            f"SeraGRPOTrainer supports trl {', '.join(v + '*' for v in SUPPORTED_TRL_VERSIONS)}; found trl "
-            f"{trl.__version__}. Install a supported version: pip install 'trl==1.16.*'."
-        )
+    _common.check_version(
+        "trl",
+        trl.__version__,
+        SUPPORTED_TRL_VERSIONS,
+        adapter="sera_opt.integrations.trl",
+        reason=(
+            "It overrides private methods of GRPOTrainer (_generate_and_score_completions, "
+            "_generate, _generate_single_turn, _calculate_rewards, _save_checkpoint, "
+            "_load_optimizer_and_scheduler)."
+        ),
+        stacklevel=stacklevel,
+    )
     if not isinstance(args, GRPOConfig):
         raise SeraOptError(f"args must be a trl.GRPOConfig; got {type(args).__name__}.")
-    if estimator not in _ESTIMATORS:
-        raise SeraOptError(f"unknown estimator {estimator!r}; use one of {_ESTIMATORS}.")
+    _common.estimator_offset(estimator)
     if rollout_func is not None:
         raise SeraOptError(
             "rollout_func is not supported by SeraGRPOTrainer: a custom rollout decides how many completions each "
@@ -201,10 +208,6 @@ def check_grpo_config(
             f"num_generations={args.num_generations}; a prompt's rows would be split across processes. Choose "
             "per_device_train_batch_size * steps_per_generation divisible by num_generations."
         )
-
-
-def _planner_state_path(checkpoint_dir: str) -> str:
-    return os.path.join(checkpoint_dir, PLANNER_STATE_FILE)
 
 
 class SeraGRPOTrainer(GRPOTrainer):
@@ -271,16 +274,22 @@ class SeraGRPOTrainer(GRPOTrainer):
             raise SeraOptError(
                 "pass GRPOTrainer's arguments after `args` by keyword (train_dataset=..., processing_class=...)."
             )
-        check_grpo_config(args, rollout_func=kwargs.get("rollout_func"), estimator=estimator)
+        check_grpo_config(
+            args, rollout_func=kwargs.get("rollout_func"), estimator=estimator, stacklevel=3
+        )
         if isinstance(history_size, bool) or not isinstance(history_size, int) or history_size < 1:
             raise SeraOptError(f"history_size must be a positive integer; got {history_size!r}.")
         self.sera_planner = (
             planner if planner is not None else default_planner(estimator, args.num_generations)
         )
         check_planner_offset(self.sera_planner, estimator, stacklevel=3)
+        if not isinstance(multiplicity_correction, bool):
+            raise SeraOptError(
+                f"multiplicity_correction must be True or False; got {multiplicity_correction!r}."
+            )
         self.sera_estimator = estimator
-        self.sera_multiplicity_correction = bool(multiplicity_correction)
-        self.sera_success_threshold = success_threshold
+        self.sera_multiplicity_correction = multiplicity_correction
+        self.sera_success_threshold = _common.check_success_threshold(success_threshold)
         self.sera_prompt_id_column = prompt_id_column
         self.sera_loss_mode = loss_mode(args.loss_type)
         self.sera_history: deque[dict[str, Any]] = deque(maxlen=history_size)
@@ -500,10 +509,7 @@ class SeraGRPOTrainer(GRPOTrainer):
         return output
 
     def _sera_outcomes(self, rewards: torch.Tensor) -> np.ndarray:
-        values = rewards.detach().cpu().numpy().astype(np.float64)
-        if self.sera_success_threshold is not None:
-            return (values >= self.sera_success_threshold).astype(np.float64)
-        return values
+        return _common.binary_outcomes(rewards, self.sera_success_threshold)
 
     def _sera_eval_batch(self, inputs):
         # Evaluation keeps TRL's uniform groups of num_generations_eval; only the
@@ -526,18 +532,15 @@ class SeraGRPOTrainer(GRPOTrainer):
             from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
             folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-            output_dir = os.path.join(self._get_output_dir(trial=trial), folder)
-            torch.save(self.sera_planner.state_dict(), _planner_state_path(output_dir))
+            _common.save_planner(
+                self.sera_planner, os.path.join(self._get_output_dir(trial=trial), folder)
+            )
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is None:
             return
-        path = _planner_state_path(checkpoint)
-        if os.path.exists(path):
-            # Our own file, written by _save_checkpoint: it holds numpy arrays, hence weights_only=False.
-            self.sera_planner.load_state_dict(torch.load(path, weights_only=False))
-        else:
+        if _common.load_planner(self.sera_planner, checkpoint) is None:
             warnings.warn(
                 f"checkpoint {checkpoint} has no {PLANNER_STATE_FILE}; the planner starts from its prior.",
                 SeraOptWarning,

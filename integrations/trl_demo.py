@@ -35,6 +35,8 @@ _LOGGED_DIAGNOSTICS = (
 
 
 def _parser() -> argparse.ArgumentParser:
+    import sera_opt
+
     parser = argparse.ArgumentParser(
         prog="python -m sera_opt.integrations.trl_demo",
         description="SERA rollout allocation + MaxRL advantages inside trl's GRPOTrainer, on a tiny CPU model.",
@@ -65,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--estimator",
         default="mean_centred",
-        choices=("mean_centred", "success_average"),
+        choices=sera_opt.ESTIMATORS,
         help="MaxRL estimator",
     )
     parser.add_argument("--seed", type=int, default=0)
@@ -113,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     prompts = make_prompts(options.num_prompts, seed=options.seed)
     dataset = Dataset.from_dict({"prompt": prompts, "prompt_id": list(range(len(prompts)))})
 
-    offset = 1 if options.estimator == "mean_centred" else 0
+    offset = sera_opt.ESTIMATOR_OFFSETS[options.estimator]
     max_rollouts = options.max_rollouts or 3 * options.num_generations
     planner = sera_opt.RolloutPlanner(
         "sera", min_rollouts=1 + offset, max_rollouts=max_rollouts, offset=offset

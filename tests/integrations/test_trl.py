@@ -292,6 +292,20 @@ def test_diagnostics_are_logged_with_the_trainer_metrics(trained):
         assert entry["sera/num_prompts"] == NUM_PROMPTS
 
 
+def test_zero_spread_fraction_is_that_of_the_planned_groups(trained):
+    """TRL's frac_reward_zero_std assumes groups of num_generations; the logged value is the real groups'."""
+    logged = [entry for entry in trained["trainer"].state.log_history if "loss" in entry]
+    assert len(logged) == len(trained["recorder"].calls) == 3
+    for entry, call in zip(logged, trained["recorder"].calls, strict=True):
+        by_prompt = {}
+        for text, reward in zip(call["prompts"], call["rewards"], strict=True):
+            by_prompt.setdefault(text, []).append(reward)
+        zero_spread_rows = sum(len(r) for r in by_prompt.values() if len(set(r)) == 1)
+        assert entry["frac_reward_zero_std"] == pytest.approx(
+            zero_spread_rows / len(call["rewards"])
+        )
+
+
 def test_planner_state_is_saved_and_restored(trained, tokenizer, prompts):
     trainer = trained["trainer"]
     checkpoint = trained["output_dir"] / "checkpoint-3"
@@ -553,6 +567,67 @@ def test_rejects_configurations_it_cannot_honour(tmp_path, tokenizer, prompts):
         SeraGRPOTrainer(args=config, **common)
 
 
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"steps_per_generation": 2, "per_device_train_batch_size": ROWS // 2},
+        {"num_iterations": 2},
+        {"gradient_accumulation_steps": 2, "per_device_train_batch_size": ROWS // 2},
+        {"beta": 0.1},
+        {"mask_truncated_completions": True},
+    ],
+    ids=["steps_per_generation", "num_iterations", "grad_accum", "beta", "mask_truncated"],
+)
+def test_trl_options_keep_the_planned_counts(tmp_path, tokenizer, prompts, options):
+    """TRL's own handling of these options runs on the planned rows: counts honoured, loss finite."""
+    recorder = _RewardRecorder()
+    model = build_tiny_model(tokenizer)
+    if options.get("beta"):
+        # With beta > 0 TRL loads a reference model from the policy's path: give it one on disk.
+        model.save_pretrained(tmp_path / "tiny")
+        tokenizer.save_pretrained(tmp_path / "tiny")
+        model = str(tmp_path / "tiny")
+    trainer = SeraGRPOTrainer(
+        model=model,
+        reward_funcs=recorder,
+        args=_config(tmp_path, max_steps=3, **options),
+        train_dataset=_dataset(prompts),
+        processing_class=tokenizer,
+        planner=_seeded_planner(),
+    )
+    trainer.train()
+    assert trainer.state.global_step == 3
+    assert len(trainer.sera_history) >= 1
+    assert any(len(set(r["allocated_counts"])) > 1 for r in trainer.sera_history)
+    for record, call in zip(trainer.sera_history, recorder.calls, strict=True):
+        assert record["generated_counts"] == record["allocated_counts"]
+        assert sum(record["allocated_counts"]) == ROWS
+        seen = Counter(call["prompts"])
+        assert {prompts.index(t): n for t, n in seen.items()} == dict(
+            zip(record["prompt_ids"], record["allocated_counts"], strict=True)
+        )
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    assert losses and all(np.isfinite(losses))
+
+
+def test_rejects_rows_not_grouped_by_prompt(tmp_path, tokenizer, prompts):
+    trainer = SeraGRPOTrainer(
+        model=build_tiny_model(tokenizer),
+        reward_funcs=copy_digit_reward,
+        args=_config(tmp_path),
+        train_dataset=_dataset(prompts),
+        processing_class=tokenizer,
+        planner=_seeded_planner(),
+    )
+    grouped = [{"prompt": prompts[i], "prompt_id": i} for i in range(2) for _ in range(4)]
+    assert len(trainer._sera_groups(grouped, 4)) == 2
+    interleaved = [{"prompt": prompts[i % 2], "prompt_id": i % 2} for i in range(8)]
+    with pytest.raises(SeraOptError, match="RepeatSampler"):
+        trainer._sera_groups(interleaved, 4)
+    with pytest.raises(SeraOptError, match="not a multiple"):
+        trainer._sera_groups(grouped[:6], 4)
+
+
 def test_warns_when_the_planner_offset_does_not_match_the_estimator(tmp_path, tokenizer, prompts):
     mismatched = sera_opt.RolloutPlanner("sera", min_rollouts=1, max_rollouts=10, offset=0)
     with pytest.warns(SeraOptWarning, match="offset=1"):
@@ -587,9 +662,42 @@ def test_rejects_prompt_groups_split_across_processes(tmp_path):
             check_grpo_config(config)
 
 
-def test_rejects_other_trl_releases(tmp_path):
-    with mock.patch("trl.__version__", "1.17.0"), pytest.raises(SeraOptError, match="trl"):
-        check_grpo_config(_config(tmp_path))
+def test_rejects_other_trl_releases_unless_allowed(tmp_path, monkeypatch):
+    monkeypatch.delenv("SERA_OPT_ALLOW_UNTESTED_VERSIONS", raising=False)
+    with mock.patch("trl.__version__", "1.17.0"):
+        with pytest.raises(SeraOptError, match=r"trl 1\.16\.\*; found trl 1\.17\.0") as error:
+            check_grpo_config(_config(tmp_path))
+        assert "SERA_OPT_ALLOW_UNTESTED_VERSIONS=1" in str(error.value)
+        monkeypatch.setenv("SERA_OPT_ALLOW_UNTESTED_VERSIONS", "1")
+        with pytest.warns(SeraOptWarning, match="running anyway") as caught:
+            check_grpo_config(_config(tmp_path))
+        assert caught[0].filename == __file__, "the warning must point at the caller"
+
+
+def test_restores_a_planner_saved_under_the_earlier_file_name(
+    trained, tmp_path, tokenizer, prompts
+):
+    """Checkpoints written before the adapters shared one file name still resume with their planner."""
+    import shutil
+
+    from sera_opt.integrations._common import LEGACY_PLANNER_STATE_FILES
+
+    checkpoint = tmp_path / "checkpoint-3"
+    shutil.copytree(trained["output_dir"] / "checkpoint-3", checkpoint)
+    (checkpoint / PLANNER_STATE_FILE).rename(checkpoint / LEGACY_PLANNER_STATE_FILES[0])
+    resumed = SeraGRPOTrainer(
+        model=build_tiny_model(tokenizer),
+        reward_funcs=copy_digit_reward,
+        args=_config(tmp_path, max_steps=3),  # already at max_steps: restore, train nothing
+        train_dataset=_dataset(prompts),
+        processing_class=tokenizer,
+        planner=sera_opt.RolloutPlanner("sera", min_rollouts=2, max_rollouts=10, offset=1),
+    )
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    assert len(resumed.sera_history) == 0
+    _assert_nested_equal(
+        resumed.sera_planner.state_dict(), trained["trainer"].sera_planner.state_dict()
+    )
 
 
 @pytest.mark.parametrize(
