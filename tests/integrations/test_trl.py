@@ -489,6 +489,12 @@ with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as handle:
     json.dump({"calls": calls, "advantages": trainer.advantages, "history": list(trainer.sera_history),
                "tracker": {k: np.asarray(v).tolist() for k, v in state.items() if k in ("keys", "successes", "failures")},
                "log": [e for e in trainer.state.log_history if "loss" in e]}, handle)
+# Tear the gloo process group down while both ranks are alive. Left to interpreter exit, its
+# C++ threads are destroyed after Python has finished, and a rank can abort with
+# "terminate called without an active exception" (accelerate: end_training() "should always
+# be called at the end of your script").
+trainer.accelerator.wait_for_everyone()
+trainer.accelerator.end_training()
 """
 
 
