@@ -19,13 +19,18 @@ Each mode extends one of verl's (``sera_sync`` -> ``sync`` and so on) with
 
 verl's V1 trainer branches on ``config.trainer.v1.trainer_mode`` (replay buffer type,
 TransferQueue persistence, checkpoint contents, per-mode options under
-``trainer.v1.<mode>``). The mixin therefore sets that key back to the base mode's
-name before verl's constructor reads it, so a ``sera_*`` mode behaves exactly like
-its base mode apart from the three points above.
+``trainer.v1.<mode>``). The mixin therefore hands verl's constructor a copy of the
+config whose mode is the base mode's name, so a ``sera_*`` mode behaves exactly like
+its base mode apart from the three points above; the caller's config is not changed.
+
+The launcher (:func:`launch`) also makes every process of the job import
+:mod:`sera_opt.integrations.verl` (``VERL_USE_EXTERNAL_MODULES`` in Ray's runtime
+environment), so that every worker has the estimator registered.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 from collections import Counter, OrderedDict
@@ -33,15 +38,15 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import torch
 from omegaconf import open_dict
-from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY, register_trainer
+from verl.trainer.ppo.v1.trainer_base import get_trainer_cls, register_trainer
 from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
 from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils import tensordict_utils as tu
 
 from sera_opt.exceptions import SeraOptError
+from sera_opt.integrations import _common
 from sera_opt.integrations import verl as sera_verl
 
 __all__ = [
@@ -50,15 +55,20 @@ __all__ = [
     "SeraPPOTrainerSeparateAsync",
     "SeraPPOTrainerSync",
     "SeraTrainerMixin",
+    "WORKER_MODULES_ENV",
     "compose_config",
     "launch",
     "register",
+    "with_worker_modules",
 ]
 
 logger = logging.getLogger(__name__)
 
 #: File, inside verl's ``global_step_<n>`` checkpoint folder, holding the planner state.
-PLANNER_STATE_FILE = "sera_planner.pt"
+PLANNER_STATE_FILE = _common.PLANNER_STATE_FILE
+
+#: The variable verl reads in every process that imports it, to import more modules.
+WORKER_MODULES_ENV = "VERL_USE_EXTERNAL_MODULES"
 
 #: uids remembered for matching outcomes to prompt ids, per prompt of a training batch;
 #: groups that verl drops before the advantage step (staleness, DAPO filtering)
@@ -86,10 +96,13 @@ class SeraTrainerMixin:
         self.sera_options = sera_verl.check_trainer_config(config)
         # verl's constructor and methods branch on the mode's name: make them see the
         # base mode, whose behaviour (and trainer.v1.<mode> options) this class keeps.
-        with open_dict(config):
-            config.trainer.v1.trainer_mode = self.sera_base_mode
-        super().__init__(config)
-        self.sera_mean_count = int(config.actor_rollout_ref.rollout.n)
+        # A copy, so the caller's config (verl's task runner keeps its own) still names
+        # the sera mode.
+        base_config = copy.deepcopy(config)
+        with open_dict(base_config):
+            base_config.trainer.v1.trainer_mode = self.sera_base_mode
+        super().__init__(base_config)
+        self.sera_mean_count = int(base_config.actor_rollout_ref.rollout.n)
         self.sera_planner = sera_verl.build_planner(self.sera_options, self.sera_mean_count)
         self._sera_prompt_of_uid: OrderedDict[Any, Any] = OrderedDict()
 
@@ -154,18 +167,14 @@ class SeraTrainerMixin:
         folder = os.path.join(
             self.config.trainer.default_local_dir, f"global_step_{self.global_steps}"
         )
-        os.makedirs(folder, exist_ok=True)
-        torch.save(self.sera_planner.state_dict(), os.path.join(folder, PLANNER_STATE_FILE))
+        _common.save_planner(self.sera_planner, folder)
 
     def _load_checkpoint(self):
         super()._load_checkpoint()
         if not self.global_steps:
             return
         folder = _resumed_folder(self.config, self.global_steps)
-        path = os.path.join(folder, PLANNER_STATE_FILE)
-        if os.path.exists(path):
-            self.sera_planner.load_state_dict(torch.load(path, weights_only=False))
-        else:
+        if _common.load_planner(self.sera_planner, folder) is None:
             logger.warning(
                 "no %s in %s: the rollout planner starts without history",
                 PLANNER_STATE_FILE,
@@ -221,24 +230,43 @@ _CLASSES = {
 }
 
 
+def _registered_trainer(mode: str) -> type | None:
+    """verl's trainer class for ``mode``, or None (``get_trainer_cls`` raises for unknown modes)."""
+    try:
+        return get_trainer_cls(mode)
+    except ValueError:
+        return None
+
+
 def register() -> dict[str, type]:
-    """Register the ``sera_*`` trainer modes with verl's ``register_trainer`` (idempotent)."""
+    """Register the ``sera_*`` trainer modes with verl's ``register_trainer`` (idempotent).
+
+    Only verl's public ``register_trainer`` and ``get_trainer_cls`` are used. A mode
+    that already holds this module's class, or the same-named class of a reloaded
+    copy of this module, is left as it is; one held by another class is refused.
+
+    Returns
+    -------
+    dict
+        Mode name -> the class verl holds for it.
+    """
+    registered = {}
     for mode, cls in _CLASSES.items():
         if sera_verl.TRAINER_MODES[mode] != cls.sera_base_mode:  # pragma: no cover - a typo guard
             raise AssertionError(f"{mode} does not extend {cls.sera_base_mode}")
-        existing = TRAINER_REGISTRY.get(mode)
-        if existing is cls:
-            continue
-        if existing is not None:
-            if existing.__qualname__ == cls.__qualname__ and existing.__module__ == cls.__module__:
-                TRAINER_REGISTRY[mode] = cls  # a reloaded copy of this module
-                continue
+        existing = _registered_trainer(mode)
+        if existing is None:
+            registered[mode] = register_trainer(mode)(cls)
+        elif existing is cls or (
+            existing.__qualname__ == cls.__qualname__ and existing.__module__ == cls.__module__
+        ):
+            registered[mode] = existing
+        else:
             raise SeraOptError(
                 f"verl already has a trainer mode named {mode!r} ({existing!r}); sera_opt cannot "
                 f"register its own under that name."
             )
-        register_trainer(mode)(cls)
-    return dict(_CLASSES)
+    return registered
 
 
 # --------------------------------------------------------------------------- launcher
@@ -266,6 +294,38 @@ def compose_config(overrides: Sequence[str] = ()):
             )
         sera_verl.check_trainer_config(config)
     return config
+
+
+def with_worker_modules(config, module: str = "sera_opt.integrations.verl"):
+    """A copy of ``config`` whose Ray runtime environment makes every process import ``module``.
+
+    verl imports the modules listed in ``VERL_USE_EXTERNAL_MODULES`` in every
+    process that imports verl; ``run_ppo`` passes
+    ``ray_kwargs.ray_init.runtime_env.env_vars`` to every Ray process of the job.
+    ``module`` is appended to the list already given there, or else in this
+    process's environment, so other external modules keep working. When Ray is
+    already initialised before the launch, verl does not call ``ray.init`` and the
+    running cluster's environment applies instead (set the variable there).
+    """
+    from omegaconf import OmegaConf
+
+    given = OmegaConf.select(
+        config, f"ray_kwargs.ray_init.runtime_env.env_vars.{WORKER_MODULES_ENV}", default=None
+    )
+    if given is None:
+        given = os.environ.get(WORKER_MODULES_ENV, "")
+    modules = [name.strip() for name in str(given).split(",") if name.strip()]
+    if module not in modules:
+        modules.append(module)
+    updated = copy.deepcopy(config)
+    with open_dict(updated):
+        OmegaConf.update(
+            updated,
+            f"ray_kwargs.ray_init.runtime_env.env_vars.{WORKER_MODULES_ENV}",
+            ",".join(modules),
+            force_add=True,
+        )
+    return updated
 
 
 def _task_runner_class():
@@ -304,4 +364,4 @@ def launch(argv: Sequence[str] | None = None) -> None:
         raise SeraOptError(
             "sera_opt's verl launcher runs verl's V1 trainer: set trainer.use_v1=true."
         )
-    main_ppo.run_ppo(config, task_runner_class=_task_runner_class())
+    main_ppo.run_ppo(with_worker_modules(config), task_runner_class=_task_runner_class())

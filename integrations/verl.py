@@ -19,6 +19,9 @@ Written against verl 0.9.1. Importing this module (``pip install 'sera_opt[verl]
   plan the counts with a :class:`sera_opt.RolloutPlanner` at every step, feed the
   outcomes back to it, log :func:`sera_opt.advantage_diagnostics` and checkpoint it.
 
+verl releases other than 0.9.x are refused on import unless
+``SERA_OPT_ALLOW_UNTESTED_VERSIONS=1`` is set (:func:`sera_opt.integrations._common.check_version`).
+
 **Multiplicity correction and ``loss_agg_mode``.** Every ``loss_agg_mode`` of
 verl 0.9.1's ``agg_loss`` sums the per-token losses over all responses of a
 mini-batch and divides by one batch-wide number (tokens for ``token-mean``,
@@ -42,7 +45,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import math
 import numbers
 import uuid
 import warnings
@@ -66,6 +68,7 @@ except ImportError as _error:  # pragma: no cover - depends on the environment
     ) from _error
 
 import sera_opt
+from sera_opt.integrations import _common
 
 __all__ = [
     "ESTIMATOR_NAME",
@@ -73,6 +76,7 @@ __all__ = [
     "ROLLOUT_COUNT_KEY",
     "SUPPORTED_VERL_VERSIONS",
     "TRAINER_MODES",
+    "PLANNER_STATE_FILE",
     "EstimatorCall",
     "SeraMaxRLConfig",
     "assign_rollout_counts",
@@ -96,8 +100,12 @@ ESTIMATOR_NAME = "sera_maxrl"
 #: sessions (rollouts) to start for each prompt (``AgentLoopWorkerTQ._run_prompt``).
 ROLLOUT_COUNT_KEY = "__rollout_n__"
 
-#: verl release series this adapter was written and tested against.
+#: verl release series this adapter was written and tested against; other releases
+#: are refused (:func:`sera_opt.integrations._common.check_version`).
 SUPPORTED_VERL_VERSIONS = ("0.9.",)
+
+#: File, inside verl's ``global_step_<n>`` checkpoint folder, holding the planner state.
+PLANNER_STATE_FILE = _common.PLANNER_STATE_FILE
 
 #: Trainer modes registered by :func:`register_trainers` -> the verl mode they extend.
 TRAINER_MODES = {
@@ -118,20 +126,20 @@ LOSS_AGG_MODES = {
     "token-sum": "token-sum",
 }
 
-_ESTIMATORS = ("mean_centred", "success_average")
-_OFFSETS = {"mean_centred": 1, "success_average": 0}
-
 
 def _check_verl_version() -> None:
-    version = getattr(verl, "__version__", "unknown")
-    if not version.startswith(SUPPORTED_VERL_VERSIONS):
-        warnings.warn(
-            f"sera_opt.integrations.verl was written for verl {SUPPORTED_VERL_VERSIONS}, found "
-            f"verl {version}; the estimator only needs register_adv_est, but the trainer modes "
-            f"override V1 trainer internals. Pin verl==0.9.1 if anything misbehaves.",
-            SeraOptWarning,
-            stacklevel=3,
-        )
+    _common.check_version(
+        "verl",
+        getattr(verl, "__version__", "unknown"),
+        SUPPORTED_VERL_VERSIONS,
+        adapter="sera_opt.integrations.verl",
+        reason=(
+            "Its trainer modes override internals of verl's V1 trainer (_next_train_batch, "
+            "_compute_advantage, the checkpoint methods) and its estimator relies on how "
+            "compute_advantage calls it."
+        ),
+        stacklevel=3,
+    )
 
 
 # --------------------------------------------------------------------------- options
@@ -177,26 +185,15 @@ class SeraMaxRLConfig:
     tracker_options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
-        if self.estimator not in _ESTIMATORS:
-            raise SeraOptError(
-                f"algorithm.sera_maxrl.estimator must be one of {_ESTIMATORS}, got "
-                f"{self.estimator!r}."
-            )
+        _common.estimator_offset(self.estimator, option="algorithm.sera_maxrl.estimator")
         if not isinstance(self.multiplicity_correction, bool):
             raise SeraOptError(
                 "algorithm.sera_maxrl.multiplicity_correction must be true or false, got "
                 f"{self.multiplicity_correction!r}."
             )
-        threshold = self.success_threshold
-        if threshold is not None and (
-            isinstance(threshold, bool)
-            or not isinstance(threshold, numbers.Real)
-            or not math.isfinite(threshold)
-        ):
-            raise SeraOptError(
-                "algorithm.sera_maxrl.success_threshold must be a finite number or null, got "
-                f"{threshold!r}."
-            )
+        _common.check_success_threshold(
+            self.success_threshold, option="algorithm.sera_maxrl.success_threshold"
+        )
         for name in ("min_rollouts", "max_rollouts"):
             value = getattr(self, name)
             if value is not None and (
@@ -223,7 +220,7 @@ class SeraMaxRLConfig:
     @property
     def offset(self) -> int:
         """The offset c of the estimator's attenuation factor."""
-        return _OFFSETS[self.estimator]
+        return _common.estimator_offset(self.estimator)
 
     @classmethod
     def from_mapping(cls, mapping: Mapping[str, Any] | None) -> SeraMaxRLConfig:
@@ -453,10 +450,6 @@ def compute_sera_maxrl_advantage(
 
 
 def _record_call(index, outcomes, prompt_index, num_prompts, options) -> EstimatorCall:
-    if options.success_threshold is None:
-        successes = outcomes == 1
-    else:
-        successes = outcomes >= options.success_threshold
     diagnostics = sera_opt.advantage_diagnostics(
         outcomes,
         prompt_index,
@@ -467,7 +460,7 @@ def _record_call(index, outcomes, prompt_index, num_prompts, options) -> Estimat
     )
     return EstimatorCall(
         uids=np.asarray(index, dtype=object).copy(),
-        successes=successes.to(torch.float64).cpu().numpy(),
+        successes=_common.binary_outcomes(outcomes, options.success_threshold),
         diagnostics=diagnostics,
     )
 
@@ -483,12 +476,25 @@ def _same_function(a: Any, b: Any) -> bool:
     )
 
 
+def _registered_estimator(name: str) -> Any:
+    """verl's estimator under ``name``, or None (``get_adv_estimator_fn`` raises for unknown names)."""
+    try:
+        return core_algos.get_adv_estimator_fn(name)
+    except ValueError:
+        return None
+
+
 def register_estimator(name: str = ESTIMATOR_NAME):
     """Register :func:`compute_sera_maxrl_advantage` with verl's ``register_adv_est``.
 
-    Idempotent: registering again (also from a reloaded copy of this module) is a
-    no-op. A name that verl uses for one of its own estimators, or that another
-    function already holds, is refused, so verl's estimators keep working.
+    Idempotent: registering again is a no-op, also when the name already holds a
+    copy of this function from a reloaded module (``importlib.reload`` runs the same
+    code in the same module namespace, so the registered copy behaves exactly like
+    the live one; verl's public API has no way to swap it, and none is needed). A
+    name that verl uses for one of its own estimators, or that another function
+    already holds, is refused, so verl's estimators keep working. Only verl's
+    public ``register_adv_est`` and ``get_adv_estimator_fn`` are used; verl's
+    registry dict is never written.
 
     Returns
     -------
@@ -503,51 +509,20 @@ def register_estimator(name: str = ESTIMATOR_NAME):
             f"{name!r} is one of verl's own advantage estimators {sorted(builtin)}; register "
             f"sera_maxrl under another name."
         )
-    registry = core_algos.ADV_ESTIMATOR_REGISTRY
-    existing = registry.get(name)
-    if existing is compute_sera_maxrl_advantage:
+    existing = _registered_estimator(name)
+    if existing is compute_sera_maxrl_advantage or (
+        existing is not None and _same_function(existing, compute_sera_maxrl_advantage)
+    ):
         return existing
     if existing is not None:
-        if not _same_function(existing, compute_sera_maxrl_advantage):
-            raise SeraOptError(
-                f"verl already has an advantage estimator named {name!r} ({existing!r}); "
-                f"register sera_maxrl under another name."
-            )
-        # A reloaded copy of this module: point the name at the live function.
-        registry[name] = compute_sera_maxrl_advantage
-        return compute_sera_maxrl_advantage
+        raise SeraOptError(
+            f"verl already has an advantage estimator named {name!r} ({existing!r}); "
+            f"register sera_maxrl under another name."
+        )
     return core_algos.register_adv_est(name)(compute_sera_maxrl_advantage)
 
 
 # --------------------------------------------------------------------------- rollout counts
-
-
-def _check_counts(counts: Any, num_rows: int, *, minimum: int) -> np.ndarray:
-    counts = getattr(counts, "counts", counts)  # an Allocation
-    if isinstance(counts, torch.Tensor):
-        counts = counts.detach().cpu().numpy()
-    array = np.asarray(counts)
-    if array.ndim != 1 or array.shape[0] != num_rows:
-        raise SeraOptError(
-            f"counts must have one entry per prompt row ({num_rows}), got shape {array.shape}."
-        )
-    if array.dtype == bool or not (
-        np.issubdtype(array.dtype, np.integer)
-        or (
-            np.issubdtype(array.dtype, np.floating)
-            and np.all(np.isfinite(array))
-            and np.all(array == np.round(array))
-        )
-    ):
-        raise SeraOptError(f"counts must be whole numbers of rollouts, got {counts!r}.")
-    array = array.astype(np.int64)
-    if num_rows and array.min() < minimum:
-        raise SeraOptError(
-            f"every count must be at least {minimum}; got a minimum of {int(array.min())}."
-        )
-    if num_rows and array.sum() == 0:
-        raise SeraOptError("the counts sum to 0: no rollouts would be generated.")
-    return array
 
 
 def repeat_by_counts(batch: DataProto, counts: Any, *, uid_key: str = "uid") -> DataProto:
@@ -577,7 +552,7 @@ def repeat_by_counts(batch: DataProto, counts: Any, *, uid_key: str = "uid") -> 
     """
     if not isinstance(batch, DataProto):
         raise SeraOptError(f"batch must be a verl.DataProto, got {type(batch).__name__}.")
-    counts = _check_counts(counts, len(batch), minimum=0)
+    counts = _common.check_counts(counts, len(batch), minimum=0)
     non_tensor = dict(batch.non_tensor_batch)
     if uid_key in non_tensor:
         uids = np.asarray(non_tensor[uid_key], dtype=object)
@@ -614,7 +589,7 @@ def assign_rollout_counts(batch: Any, counts: Any) -> Any:
     """
     from verl.utils import tensordict_utils as tu
 
-    counts = _check_counts(counts, len(batch), minimum=1)
+    counts = _common.check_counts(counts, len(batch), minimum=1)
     tu.assign_non_tensor_stack(batch, ROLLOUT_COUNT_KEY, [int(c) for c in counts])
     return batch
 
@@ -679,10 +654,10 @@ def build_planner(options: SeraMaxRLConfig, mean_count: int):
 def _bounds(options: SeraMaxRLConfig, mean_count: int) -> tuple[int, int]:
     min_rollouts = options.min_rollouts
     if min_rollouts is None:
-        min_rollouts = 1 + options.offset
+        min_rollouts = _common.default_min_rollouts(options.estimator)
     max_rollouts = options.max_rollouts
     if max_rollouts is None:
-        max_rollouts = max(4 * mean_count, min_rollouts)
+        max_rollouts = _common.default_max_rollouts(mean_count, min_rollouts)
     if not min_rollouts <= mean_count <= max_rollouts:
         raise SeraOptError(
             f"actor_rollout_ref.rollout.n={mean_count} is the mean count per prompt and must lie "
@@ -708,12 +683,7 @@ def plan_rollout_counts(planner: Any, prompt_ids: Sequence[Any], mean_count: int
         raise SeraOptError(f"mean_count must be a positive integer, got {mean_count!r}.")
     budget = len(prompt_ids) * int(mean_count)
     allocation = planner.plan(list(prompt_ids), budget)
-    counts = _check_counts(allocation, len(prompt_ids), minimum=1)
-    if int(counts.sum()) != budget:
-        raise SeraOptError(
-            f"the planner returned counts summing to {int(counts.sum())}, not the budget {budget}."
-        )
-    return counts
+    return _common.check_counts(allocation, len(prompt_ids), minimum=1, budget=budget)
 
 
 def check_trainer_config(config: Any) -> SeraMaxRLConfig:
@@ -739,12 +709,11 @@ def check_trainer_config(config: Any) -> SeraMaxRLConfig:
             f"algorithm.adv_estimator={ESTIMATOR_NAME} (got {estimator!r})."
         )
     options = SeraMaxRLConfig.from_algorithm_config(_select(config, "algorithm"))
-    mode = _select(config, "actor_rollout_ref.actor.loss_agg_mode", "token-mean")
-    if mode not in LOSS_AGG_MODES:
-        raise SeraOptError(
-            f"actor_rollout_ref.actor.loss_agg_mode={mode!r} is not one of {sorted(LOSS_AGG_MODES)}, "
-            f"whose batch-wide normalisation the multiplicity correction is matched to."
-        )
+    _common.loss_mode(
+        LOSS_AGG_MODES,
+        _select(config, "actor_rollout_ref.actor.loss_agg_mode", "token-mean"),
+        option="actor_rollout_ref.actor.loss_agg_mode",
+    )
     if _select(config, "algorithm.use_kl_in_reward", False):
         raise SeraOptError(
             "algorithm.use_kl_in_reward=True makes outcomes non-binary; use "
@@ -797,8 +766,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     _verl_trainer.launch(argv)
 
 
-_check_verl_version()
-register_estimator()
-
 if __name__ == "__main__":  # pragma: no cover - a GPU job
-    main()
+    # `python -m` runs this file as __main__, a second copy of the module. The
+    # importable copy does the version check and the registrations, so that verl
+    # holds one estimator function, not two.
+    from sera_opt.integrations.verl import main as _main
+
+    _main()
+else:
+    _check_verl_version()
+    register_estimator()

@@ -15,6 +15,7 @@ import asyncio
 import importlib
 import types
 import uuid
+import warnings
 from collections import Counter, defaultdict
 
 import numpy as np
@@ -168,17 +169,67 @@ def test_builtin_names_and_taken_names_are_refused(sv, core_algos):
         sv.register_estimator("")
 
 
-def test_stale_copy_of_this_module_is_replaced(sv, core_algos):
-    # What `python -m sera_opt.integrations.verl` or importlib.reload leave behind: the
-    # same code in another function object.
+def test_copy_from_a_reloaded_module_counts_as_registered(sv, core_algos, monkeypatch):
+    # What importlib.reload leaves behind: the same code, in the same module namespace,
+    # in another function object. verl's public API cannot swap it, and need not.
     live = sv.compute_sera_maxrl_advantage
-    stale = types.FunctionType(live.__code__, live.__globals__, live.__name__)
-    core_algos.ADV_ESTIMATOR_REGISTRY["sera_maxrl"] = stale
-    try:
-        assert sv.register_estimator() is live
-    finally:
-        core_algos.ADV_ESTIMATOR_REGISTRY["sera_maxrl"] = live
-    assert core_algos.get_adv_estimator_fn("sera_maxrl") is live
+    stale = types.FunctionType(
+        live.__code__, live.__globals__, live.__name__, live.__defaults__, live.__closure__
+    )
+    stale.__qualname__, stale.__kwdefaults__ = live.__qualname__, live.__kwdefaults__
+    monkeypatch.setitem(core_algos.ADV_ESTIMATOR_REGISTRY, "sera_maxrl", stale)
+    before = dict(core_algos.ADV_ESTIMATOR_REGISTRY)
+    assert sv.register_estimator() is stale
+    assert core_algos.ADV_ESTIMATOR_REGISTRY == before
+    batch, _, _ = make_batch([2, 3], [1, 0, 0, 1, 1])
+    args = dict(
+        token_level_rewards=batch.batch["token_level_rewards"],
+        response_mask=batch.batch["response_mask"],
+        index=batch.non_tensor_batch["uid"],
+    )
+    torch.testing.assert_close(stale(**args)[0], live(**args)[0], rtol=0, atol=0)
+
+
+class _RecordingRegistry(dict):
+    """A registry dict that records which function wrote each entry."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.writers = []
+
+    def __setitem__(self, key, value):
+        import sys
+
+        caller = sys._getframe(1)
+        self.writers.append((key, caller.f_code.co_name, caller.f_globals.get("__name__")))
+        super().__setitem__(key, value)
+
+
+def test_registration_goes_through_verls_public_api_only(sv, core_algos, monkeypatch):
+    registry = _RecordingRegistry(core_algos.ADV_ESTIMATOR_REGISTRY)
+    monkeypatch.setattr(core_algos, "ADV_ESTIMATOR_REGISTRY", registry)
+    assert sv.register_estimator() is sv.compute_sera_maxrl_advantage  # already there: no write
+    assert sv.register_estimator("sera_maxrl_public_api") is sv.compute_sera_maxrl_advantage
+    assert (
+        core_algos.get_adv_estimator_fn("sera_maxrl_public_api") is sv.compute_sera_maxrl_advantage
+    )
+    # The one write was made by verl's register_adv_est decorator, in core_algos.
+    assert registry.writers == [("sera_maxrl_public_api", "decorator", core_algos.__name__)]
+
+
+def test_other_verl_releases_are_refused_unless_allowed(sv, monkeypatch):
+    monkeypatch.setattr(sv.verl, "__version__", "0.10.0")
+    monkeypatch.delenv("SERA_OPT_ALLOW_UNTESTED_VERSIONS", raising=False)
+    with pytest.raises(SeraOptError, match=r"verl 0\.9\.\*; found verl 0\.10\.0") as error:
+        sv._check_verl_version()
+    assert "SERA_OPT_ALLOW_UNTESTED_VERSIONS=1" in str(error.value)
+    monkeypatch.setenv("SERA_OPT_ALLOW_UNTESTED_VERSIONS", "1")
+    with pytest.warns(SeraOptWarning, match="running anyway"):
+        sv._check_verl_version()
+    monkeypatch.setattr(sv.verl, "__version__", "0.9.1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sv._check_verl_version()
 
 
 # ----------------------------------------------------------------------------
@@ -596,12 +647,12 @@ def test_repeat_by_counts_then_compute_advantage(sv, compute_advantage):
 @pytest.mark.parametrize(
     ("counts", "match"),
     [
-        ([1, 2, 3], "one entry per prompt row"),
+        ([1, 2, 3], "one entry per prompt"),
         ([1, -1, 2, 2], "at least 0"),
         ([1.5, 1, 2, 2], "whole numbers"),
         ([True, True, False, True], "whole numbers"),
         ([0, 0, 0, 0], "sum to 0"),
-        ([[1, 2], [3, 4]], "one entry per prompt row"),
+        ([[1, 2], [3, 4]], "one entry per prompt"),
     ],
 )
 def test_repeat_by_counts_rejects_bad_counts(sv, counts, match):
@@ -727,7 +778,7 @@ def test_assign_rollout_counts_rejects_bad_counts(sv):
     batch = v1_prompt_batch(3)
     with pytest.raises(SeraOptError, match="at least 1"):
         sv.assign_rollout_counts(batch, [2, 0, 1])
-    with pytest.raises(SeraOptError, match="one entry per prompt row"):
+    with pytest.raises(SeraOptError, match="one entry per prompt"):
         sv.assign_rollout_counts(batch, [2, 1])
 
 
@@ -859,6 +910,29 @@ def test_trainer_modes_register_idempotently(sv):
     assert get_trainer_cls("sync") is PPOTrainerSync
 
 
+@needs_v1
+def test_trainer_modes_register_through_verls_public_api_only(sv, monkeypatch):
+    from verl.trainer.ppo.v1 import trainer_base
+
+    registry = _RecordingRegistry(
+        {k: v for k, v in trainer_base.TRAINER_REGISTRY.items() if k not in sv.TRAINER_MODES}
+    )
+    monkeypatch.setattr(trainer_base, "TRAINER_REGISTRY", registry)
+    classes = sv.register_trainers()
+    assert {mode: trainer_base.get_trainer_cls(mode) for mode in sv.TRAINER_MODES} == classes
+    assert sorted(registry.writers) == sorted(
+        (mode, "decorator", trainer_base.__name__) for mode in sv.TRAINER_MODES
+    )
+    assert sv.register_trainers() == classes and len(registry.writers) == len(sv.TRAINER_MODES)
+
+    class Someone(trainer_base.PPOTrainer):
+        pass
+
+    monkeypatch.setitem(registry, "sera_sync", Someone)
+    with pytest.raises(SeraOptError, match="already has a trainer mode"):
+        sv.register_trainers()
+
+
 # ----------------------------------------------------------------------------
 # The sera_* trainer modes, on a real verl V1 trainer object (no workers started)
 # ----------------------------------------------------------------------------
@@ -954,6 +1028,7 @@ def states_equal(a, b):
 
 @pytest.fixture
 def trainer(sv, composed, tmp_path):
+    from omegaconf import OmegaConf
     from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 
     from sera_opt.integrations import _verl_trainer
@@ -962,9 +1037,14 @@ def trainer(sv, composed, tmp_path):
     config = variant(
         trainer__default_local_dir=str(tmp_path), algorithm__sera_maxrl={"max_rollouts": 9}
     )
+    before = OmegaConf.to_container(config)
     trainer = _verl_trainer.SeraPPOTrainerSync(config)
-    # verl's constructor saw the base mode: the sync replay buffer, not the async one.
-    assert config.trainer.v1.trainer_mode == "sync"
+    # The caller's config is left exactly as it was (verl's task runner keeps using it) ...
+    assert OmegaConf.to_container(config) == before
+    assert config.trainer.v1.trainer_mode == "sera_sync"
+    # ... while verl's constructor saw the base mode: the sync replay buffer, not the async one.
+    assert trainer.config is not config and trainer.config.trainer.v1.trainer_mode == "sync"
+    assert trainer.trainer_mode == "sync"
     assert type(trainer.replay_buffer) is ReplayBuffer
     trainer.train_dataloader = [
         collated_prompts(6),
@@ -1102,6 +1182,23 @@ def test_trainer_checkpoints_the_planner(sv, trainer, monkeypatch, tmp_path):
     assert states_equal(trainer.sera_planner.state_dict(), saved)
 
 
+@needs_v1
+def test_trainer_resumes_without_a_planner_file_with_a_warning(sv, trainer, monkeypatch, caplog):
+    import logging
+
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    def resume(self):
+        self.global_steps = 5
+
+    monkeypatch.setattr(PPOTrainer, "_load_checkpoint", resume)
+    before = trainer.sera_planner.state_dict()
+    with caplog.at_level(logging.WARNING, logger="sera_opt.integrations._verl_trainer"):
+        trainer._load_checkpoint()
+    assert any("sera_planner.pt" in record.getMessage() for record in caplog.records)
+    assert states_equal(trainer.sera_planner.state_dict(), before)
+
+
 LAUNCH_OVERRIDES = [
     "algorithm.adv_estimator=sera_maxrl",
     "trainer.v1.trainer_mode=sera_sync",
@@ -1128,8 +1225,12 @@ def test_launcher_hands_verl_a_task_runner_that_registers_first(sv, core_algos, 
         "run_ppo",
         lambda config, task_runner_class: launched.update(config=config, cls=task_runner_class),
     )
-    _verl_trainer.launch(LAUNCH_OVERRIDES)
+    overrides = list(LAUNCH_OVERRIDES)
+    _verl_trainer.launch(overrides)
+    assert overrides == LAUNCH_OVERRIDES
     assert launched["config"].trainer.v1.trainer_mode == "sera_sync"
+    env_vars = launched["config"].ray_kwargs.ray_init.runtime_env.env_vars
+    assert env_vars["VERL_USE_EXTERNAL_MODULES"] == "sera_opt.integrations.verl"
     runner_cls = launched["cls"].__ray_actor_class__  # a Ray actor class; Ray is not started here
     base = main_ppo.TaskRunnerV1.__ray_actor_class__
     assert issubclass(runner_cls, base)
@@ -1152,3 +1253,163 @@ def test_launcher_hands_verl_a_task_runner_that_registers_first(sv, core_algos, 
 
     with pytest.raises(SeraOptError, match="loss_agg_mode"):
         _verl_trainer.launch(LAUNCH_OVERRIDES + ["actor_rollout_ref.actor.loss_agg_mode=weird"])
+
+
+@needs_v1
+def test_launcher_makes_every_ray_process_import_the_integration(sv, monkeypatch):
+    """verl's own run_ppo, with ray.init captured: the runtime env names the module for every process."""
+    import ray
+
+    from sera_opt.integrations import _verl_trainer
+
+    captured = {}
+
+    class Runner:
+        @classmethod
+        def remote(cls):
+            return types.SimpleNamespace(
+                run=types.SimpleNamespace(remote=lambda config: captured.update(config=config))
+            )
+
+    monkeypatch.delenv("VERL_USE_EXTERNAL_MODULES", raising=False)
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)  # verl drops defaults already set
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: captured.update(init=kwargs))
+    monkeypatch.setattr(ray, "get", lambda ref: ref)
+    monkeypatch.setattr(_verl_trainer, "_task_runner_class", lambda: Runner)
+    given = "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES=my_plugin"
+    _verl_trainer.launch(LAUNCH_OVERRIDES + [given])
+    env_vars = captured["init"]["runtime_env"]["env_vars"]
+    assert env_vars["VERL_USE_EXTERNAL_MODULES"] == "my_plugin,sera_opt.integrations.verl"
+    assert env_vars["VLLM_LOGGING_LEVEL"] == "WARN"  # verl's own defaults are still merged in
+    assert captured["config"].trainer.v1.trainer_mode == "sera_sync"
+
+
+@needs_v1
+def test_with_worker_modules_keeps_the_callers_config(sv):
+    from omegaconf import OmegaConf
+
+    from sera_opt.integrations import _verl_trainer
+
+    config = OmegaConf.create({"ray_kwargs": {"ray_init": {"num_cpus": None}}})
+    OmegaConf.set_struct(config, True)
+    before = OmegaConf.to_container(config)
+    updated = _verl_trainer.with_worker_modules(config)
+    assert OmegaConf.to_container(config) == before
+    env_vars = updated.ray_kwargs.ray_init.runtime_env.env_vars
+    assert env_vars.VERL_USE_EXTERNAL_MODULES == "sera_opt.integrations.verl"
+    again = _verl_trainer.with_worker_modules(updated)  # listed once, not twice
+    assert again.ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES == (
+        "sera_opt.integrations.verl"
+    )
+
+
+# ----------------------------------------------------------------------------
+# The actor update: verl's policy loss over micro-batches, as the V1 trainer normalises it
+# ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def actor_config(composed):
+    from verl.utils.config import omega_conf_to_dataclass
+
+    _, variant = composed
+    config = variant(actor_rollout_ref__actor__ppo_micro_batch_size_per_gpu=4)
+    return omega_conf_to_dataclass(config.actor_rollout_ref.actor)
+
+
+def actor_prompt_gradients(
+    core_algos, actor, mode, counts, lengths, advantages_fn, *, loss_scale_factor=None, rows=4
+):
+    """Gradient w.r.t. each prompt's parameters of one mini-batch through verl's actor loss.
+
+    As verl's V1 trainer runs it: rows shuffled (a prompt's rollouts land in different
+    micro-batches), each micro-batch padded to its own longest response, verl's
+    ``vanilla`` policy loss on policy (old log-probs = current ones) per micro-batch with
+    the mini-batch's ``batch_num_tokens`` and ``global_batch_size`` (``_update_actor``:
+    ``ppo_mini_batch_size x rollout.n`` responses), and the micro-batch losses summed, as
+    gradient accumulation does. The construction is that of :func:`prompt_gradients`.
+    """
+    success_feature = torch.tensor([1.0, 0.5, -0.25], dtype=torch.float64)
+    failure_feature = torch.tensor([-0.5, 1.0, 0.75], dtype=torch.float64)
+    width = max(lengths)
+    thetas = torch.zeros(len(counts), 3, dtype=torch.float64, requires_grad=True)
+    logps, prompt, outcomes, row_lengths = [], [], [], []
+    for i, (n, length) in enumerate(zip(counts, lengths, strict=True)):
+        for j in range(n):
+            feature = success_feature if j % 2 == 0 else failure_feature
+            token = torch.zeros(width, dtype=torch.float64)
+            token[:length] = 1.0 / length
+            logps.append((thetas[i] @ feature) * token)
+            prompt.append(i)
+            outcomes.append(float(j % 2 == 0))
+            row_lengths.append(length)
+    logps = torch.stack(logps)
+    row_lengths = torch.tensor(row_lengths)
+    mask = torch.arange(width)[None, :] < row_lengths[:, None]
+    advantages = advantages_fn(
+        torch.tensor(outcomes, dtype=torch.float64), torch.tensor(prompt)
+    ).double()
+    policy_loss = core_algos.get_policy_loss_fn("vanilla")
+    actor.global_batch_info.update(
+        dp_size=1,
+        batch_num_tokens=int(mask.sum()),
+        global_batch_size=len(prompt),
+        loss_scale_factor=loss_scale_factor,
+    )
+    order = np.random.default_rng(0).permutation(len(prompt))
+    total = 0
+    for chunk in np.array_split(order, -(-len(prompt) // rows)):
+        chunk = torch.from_numpy(chunk)
+        chunk_width = int(row_lengths[chunk].max())
+        log_prob = logps[chunk, :chunk_width]
+        loss, _ = policy_loss(
+            old_log_prob=log_prob.detach(),
+            log_prob=log_prob,
+            advantages=advantages[chunk, None].expand(-1, chunk_width),
+            response_mask=mask[chunk, :chunk_width],
+            loss_agg_mode=mode,
+            config=actor,
+        )
+        total = total + loss
+    (grad,) = torch.autograd.grad(total, thetas)
+    return grad
+
+
+@needs_v1
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "token-sum"])
+def test_actor_loss_over_micro_batches_gives_count_independent_prompt_weights(
+    sv, core_algos, actor_config, mode
+):
+    counts, lengths = [2, 4, 8, 6, 10], [2, 7, 3, 5, 4]
+
+    def corrected(outcomes, prompt):
+        return sera_opt.maxrl_advantages(outcomes, prompt)
+
+    def uncorrected(outcomes, prompt):
+        return sera_opt.maxrl_advantages(outcomes, prompt, multiplicity_correction=False)
+
+    grad = actor_prompt_gradients(core_algos, actor_config, mode, counts, lengths, corrected)
+    assert grad.abs().max() > 0
+    torch.testing.assert_close(grad, grad[:1].expand_as(grad), rtol=1e-10, atol=1e-12)
+    grad = actor_prompt_gradients(core_algos, actor_config, mode, counts, lengths, uncorrected)
+    weights = grad.norm(dim=1) / grad[0].norm()
+    torch.testing.assert_close(weights, torch.tensor(counts, dtype=torch.float64) / counts[0])
+
+
+@needs_v1
+def test_seq_mean_token_sum_norm_needs_a_constant_loss_scale_factor(sv, core_algos, actor_config):
+    """Without loss_scale_factor each micro-batch divides by its own padded width (docs: set it)."""
+    counts, lengths = [2, 4, 8, 6, 10], [2, 7, 3, 5, 4]
+
+    def corrected(outcomes, prompt):
+        return sera_opt.maxrl_advantages(outcomes, prompt)
+
+    mode = "seq-mean-token-sum-norm"
+    grad = actor_prompt_gradients(
+        core_algos, actor_config, mode, counts, lengths, corrected, loss_scale_factor=7
+    )
+    torch.testing.assert_close(grad, grad[:1].expand_as(grad), rtol=1e-10, atol=1e-12)
+    grad = actor_prompt_gradients(core_algos, actor_config, mode, counts, lengths, corrected)
+    weights = grad.norm(dim=1) / grad.norm(dim=1).mean()
+    assert float(weights.max() - weights.min()) > 0.05, weights
