@@ -25,7 +25,8 @@ its base mode apart from the three points above; the caller's config is not chan
 
 The launcher (:func:`launch`) also makes every process of the job import
 :mod:`sera_opt.integrations.verl` (``VERL_USE_EXTERNAL_MODULES`` in Ray's runtime
-environment), so that every worker has the estimator registered.
+environment), so that verl's workers get the estimator and the verl-beside-trl fix
+of :mod:`sera_opt.integrations._verl_compat`.
 """
 
 from __future__ import annotations

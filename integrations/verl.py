@@ -17,7 +17,10 @@ Written against verl 0.9.1. Importing this module (``pip install 'sera_opt[verl]
   ``sera_sync``, ``sera_colocate_async`` and ``sera_separate_async``
   (:mod:`sera_opt.integrations._verl_trainer`, registered by :func:`register_trainers`)
   plan the counts with a :class:`sera_opt.RolloutPlanner` at every step, feed the
-  outcomes back to it, log :func:`sera_opt.advantage_diagnostics` and checkpoint it.
+  outcomes back to it, log :func:`sera_opt.advantage_diagnostics` and checkpoint it;
+* lets verl's ``apply_monkey_patch`` run beside trl 1.16, which lacks the value-head
+  class verl patches when trl is installed (:mod:`sera_opt.integrations._verl_compat`;
+  applied only when the installed versions need it).
 
 verl releases other than 0.9.x are refused on import unless
 ``SERA_OPT_ALLOW_UNTESTED_VERSIONS=1`` is set (:func:`sera_opt.integrations._common.check_version`).
@@ -68,7 +71,7 @@ except ImportError as _error:  # pragma: no cover - depends on the environment
     ) from _error
 
 import sera_opt
-from sera_opt.integrations import _common
+from sera_opt.integrations import _common, _verl_compat
 
 __all__ = [
     "ESTIMATOR_NAME",
@@ -768,11 +771,12 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 if __name__ == "__main__":  # pragma: no cover - a GPU job
     # `python -m` runs this file as __main__, a second copy of the module. The
-    # importable copy does the version check and the registrations, so that verl
-    # holds one estimator function, not two.
+    # importable copy does the version check, the verl-beside-trl fix and the
+    # registrations, so that verl holds one estimator function, not two.
     from sera_opt.integrations.verl import main as _main
 
     _main()
 else:
     _check_verl_version()
+    _verl_compat.apply()
     register_estimator()

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 import sera_opt
 from sera_opt.exceptions import SeraOptError, SeraOptWarning
-from tests.markers import has_module, requires_verl
+from tests.markers import has_module, requires_trl, requires_verl
 
 pytestmark = [pytest.mark.verl, requires_verl]
 
@@ -1305,6 +1305,186 @@ def test_with_worker_modules_keeps_the_callers_config(sv):
 
 
 # ----------------------------------------------------------------------------
+# verl beside trl (issue 14): verl's apply_monkey_patch on a tiny model, trl installed
+# ----------------------------------------------------------------------------
+
+TINY_QWEN2 = """
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+def tiny_qwen2():
+    config = Qwen2Config(
+        vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+    )
+    return Qwen2ForCausalLM(config)
+"""
+
+
+def tiny_qwen2():
+    namespace = {}
+    exec(TINY_QWEN2, namespace)
+    return namespace["tiny_qwen2"]()
+
+
+@pytest.fixture
+def transformers_patches_undone(monkeypatch):
+    """apply_monkey_patch replaces transformers' flash-attention forward process-wide: undo it."""
+    from transformers.integrations import flash_attention
+
+    monkeypatch.setattr(
+        flash_attention, "_flash_attention_forward", flash_attention._flash_attention_forward
+    )
+    return flash_attention
+
+
+def _value_head_missing_from_trl():
+    from sera_opt.integrations import _verl_compat
+
+    if _verl_compat.trl_value_head_available():
+        pytest.skip("this trl still has AutoModelForCausalLMWithValueHead: nothing to fix")
+    return _verl_compat
+
+
+@requires_trl
+def test_apply_monkey_patch_runs_beside_trl(sv, monkeypatch, caplog, transformers_patches_undone):
+    import logging
+
+    from verl.models.transformers import monkey_patch
+    from verl.utils import import_utils
+
+    compat = _value_head_missing_from_trl()
+    assert import_utils.is_trl_available(), "verl's own check finds trl"
+    assert compat.needed() and compat.applied()
+    # verl's own check is untouched where it is defined, and in its other caller.
+    from verl.utils import model as verl_model
+
+    assert verl_model.is_trl_available is import_utils.is_trl_available
+    monkeypatch.setattr(compat, "_warned", False)
+    with caplog.at_level(logging.WARNING, logger="sera_opt.integrations.verl"):
+        monkey_patch.apply_monkey_patch(tiny_qwen2())
+        monkey_patch.apply_monkey_patch(tiny_qwen2())
+    notices = [r for r in caplog.records if r.name == "sera_opt.integrations.verl"]
+    assert len(notices) == 1, "warned once"
+    assert notices[0].levelno == logging.WARNING
+    assert "AutoModelForCausalLMWithValueHead" in notices[0].getMessage()
+    # It got past the trl block to the attention patch that follows it.
+    assert (
+        transformers_patches_undone._flash_attention_forward
+        is monkey_patch._ulysses_flash_attention_forward
+    )
+    assert sv._verl_compat.apply() is True  # idempotent
+
+
+@requires_trl
+def test_apply_monkey_patch_fails_beside_trl_without_the_fix(
+    sv, monkeypatch, transformers_patches_undone
+):
+    """The control: verl's own check in place, trl 1.16 installed -> the crash of issue 14."""
+    from verl.models.transformers import monkey_patch
+    from verl.utils import import_utils
+
+    _value_head_missing_from_trl()
+    monkeypatch.setattr(monkey_patch, "is_trl_available", import_utils.is_trl_available)
+    with pytest.raises(ImportError, match="AutoModelForCausalLMWithValueHead"):
+        monkey_patch.apply_monkey_patch(tiny_qwen2())
+
+
+def test_fix_is_not_applied_where_trl_still_has_the_class(sv, monkeypatch):
+    """A trl with AutoModelForCausalLMWithValueHead (verl's fsdp extra pins trl 0.27): verl is left alone."""
+    from verl.models.transformers import monkey_patch
+    from verl.utils import import_utils
+
+    from sera_opt.integrations import _verl_compat
+
+    monkeypatch.setattr(monkey_patch, "is_trl_available", import_utils.is_trl_available)
+    monkeypatch.setattr(_verl_compat, "trl_value_head_available", lambda: True)
+    assert not _verl_compat.needed()
+    assert _verl_compat.apply() is False and not _verl_compat.applied()
+    assert monkey_patch.is_trl_available is import_utils.is_trl_available
+
+
+_WORKER_SCRIPT = (
+    TINY_QWEN2
+    + """
+import json, logging, sys, warnings
+if "--without-trl" in sys.argv:
+    sys.modules["trl"] = None  # trl cannot be imported and importlib cannot find it
+notices = []
+handler = logging.Handler()
+handler.emit = lambda record: notices.append(record.getMessage())
+logging.getLogger("sera_opt.integrations.verl").addHandler(handler)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import verl  # what a Ray worker does first; verl imports VERL_USE_EXTERNAL_MODULES here
+    from verl.models.transformers import monkey_patch
+    from verl.utils import import_utils
+    try:
+        monkey_patch.apply_monkey_patch(tiny_qwen2())
+        error = None
+    except ImportError as exc:
+        error = str(exc)
+print(json.dumps({
+    "error": error,
+    "integration_loaded": "sera_opt.integrations.verl" in sys.modules,
+    "verl_check_untouched": monkey_patch.is_trl_available is import_utils.is_trl_available,
+    "trl_found": bool(import_utils.is_trl_available()),
+    "sera_notices": notices + [str(w.message) for w in caught if "sera_opt" in str(w.message)],
+}))
+"""
+)
+
+
+def _run_worker(tmp_path, *args, external_modules=True):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "worker.py"
+    script.write_text(_WORKER_SCRIPT)
+    env = {key: value for key, value in os.environ.items() if key != "VERL_USE_EXTERNAL_MODULES"}
+    if external_modules:
+        env["VERL_USE_EXTERNAL_MODULES"] = "sera_opt.integrations.verl"
+    result = subprocess.run(
+        [sys.executable, str(script), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow  # fresh interpreters that import verl
+@requires_trl
+def test_external_modules_variable_alone_lets_a_fresh_worker_patch_its_model(sv, tmp_path):
+    _value_head_missing_from_trl()
+    fixed = _run_worker(tmp_path)
+    assert fixed["error"] is None, fixed
+    assert fixed["integration_loaded"] and fixed["trl_found"]
+    assert not fixed["verl_check_untouched"]
+    assert (
+        len(fixed["sera_notices"]) == 1
+        and "AutoModelForCausalLMWithValueHead" in (fixed["sera_notices"][0])
+    )
+    # The control: the same fresh worker without the variable dies as in issue 14.
+    broken = _run_worker(tmp_path, external_modules=False)
+    assert not broken["integration_loaded"]
+    assert "AutoModelForCausalLMWithValueHead" in broken["error"]
+
+
+@pytest.mark.slow  # a fresh interpreter that imports verl
+def test_nothing_changes_without_trl(sv, tmp_path):
+    without = _run_worker(tmp_path, "--without-trl")
+    assert without["integration_loaded"] and not without["trl_found"]
+    assert without["error"] is None
+    assert without["verl_check_untouched"], "verl's check must stay verl's own without trl"
+    assert without["sera_notices"] == []
+
+
+# ----------------------------------------------------------------------------
 # The actor update: verl's policy loss over micro-batches, as the V1 trainer normalises it
 # ----------------------------------------------------------------------------
 
@@ -1413,3 +1593,93 @@ def test_seq_mean_token_sum_norm_needs_a_constant_loss_scale_factor(sv, core_alg
     grad = actor_prompt_gradients(core_algos, actor_config, mode, counts, lengths, corrected)
     weights = grad.norm(dim=1) / grad.norm(dim=1).mean()
     assert float(weights.max() - weights.min()) > 0.05, weights
+
+
+_ENGINE_SCRIPT = """
+import json, logging, sys, traceback
+import torch.distributed as dist
+from transformers import Qwen2Config, Qwen2ForCausalLM
+from sera_opt.integrations._trl_tiny import build_tokenizer
+
+path = sys.argv[1]
+tokenizer = build_tokenizer()
+config = Qwen2Config(
+    vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+    num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+    tie_word_embeddings=False,
+)
+Qwen2ForCausalLM(config).save_pretrained(path)
+tokenizer.save_pretrained(path)
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[2], rank=0, world_size=1)
+reached, error, frames, notices = [], None, [], []
+handler = logging.Handler()
+handler.emit = lambda record: notices.append(record.getMessage())
+logging.getLogger("sera_opt.integrations.verl").addHandler(handler)
+from verl.trainer.config import CheckpointConfig
+from verl.utils.device import get_device_name
+from verl.workers.config import FSDPEngineConfig, FSDPOptimizerConfig, HFModelConfig
+from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+try:
+    # sdpa: verl's default attention is flash_attention_2, which needs the flash-attn package.
+    model = HFModelConfig(path=path, override_config={"attn_implementation": "sdpa"})
+    engine = FSDPEngineWithLMHead(
+        model, FSDPEngineConfig(strategy="fsdp2"), FSDPOptimizerConfig(lr=1e-3),
+        CheckpointConfig(),
+    )
+    reached.append("engine built")
+    engine.initialize()
+    reached.append("engine initialized")
+except Exception as exc:
+    error = type(exc).__name__ + ": " + str(exc)
+    frames = [(frame.filename, frame.name) for frame in traceback.extract_tb(exc.__traceback__)]
+dist.destroy_process_group()
+print(json.dumps({
+    "device_name": get_device_name(), "reached": reached, "error": error, "frames": frames,
+    "sera_notices": notices,
+}))
+"""
+
+
+@pytest.mark.slow  # a fresh interpreter that imports verl and builds its actor engine
+@requires_trl
+def test_verls_actor_engine_on_cpu_patches_the_model_and_stops_at_cuda(sv, tmp_path):
+    """How far verl's real FSDP actor engine gets on a CPU-only machine, with trl installed.
+
+    It builds the model from a local checkpoint and runs apply_monkey_patch (through the
+    fix, which warns once), then stops at its first CUDA call: verl 0.9.1 registers no
+    CPU platform and falls back to 'nvidia' (docs/integrations/verl.md, "Where CPU stops").
+    """
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    _value_head_missing_from_trl()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    script = tmp_path / "engine.py"
+    script.write_text(_ENGINE_SCRIPT)
+    env = dict(os.environ, VERL_USE_EXTERNAL_MODULES="sera_opt.integrations.verl")
+    result = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "model"), port],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    if report["reached"] == ["engine built", "engine initialized"]:
+        pytest.fail("verl's engine initialised on CPU: go further, and update the docs' boundary")
+    assert report["device_name"] == "cuda", report  # no GPU here, yet verl picks CUDA
+    assert report["reached"] == ["engine built"], report
+    functions = [name for _, name in report["frames"]]
+    assert "_build_model_optimizer" in functions and "log_gpu_memory_usage" in functions, report
+    assert any(f"torch{os.sep}cuda" in filename for filename, _ in report["frames"]), report
+    # apply_monkey_patch ran inside verl's engine, through the fix, and returned.
+    assert len(report["sera_notices"]) == 1, report
+    assert "AutoModelForCausalLMWithValueHead" in report["sera_notices"][0]
+    assert "Skipping monkey patch for Qwen2ForCausalLM" in result.stdout
