@@ -206,8 +206,10 @@ def hashed_codes(ids: torch.Tensor, success: torch.Tensor, codes: torch.Tensor, 
     rows, num_slots, first = one_round(ids, success, None, table_bits(n, per_slot), 0, 0, codes)
     rounds = [first]
     while rows.numel() and len(rounds) < _MAX_ROUNDS:
-        # The losers' distinct ids, estimated from the rollouts per id of the winners.
-        distinct = max(1, round(rows.numel() * num_slots / max(1, n - rows.numel())))
+        # The losers' distinct ids, estimated from the rollouts per id of the winners
+        # (and never more than the losing rollouts, which bounds the table by O(N)).
+        lost = rows.numel()
+        distinct = max(1, min(lost, round(lost * num_slots / max(1, n - lost))))
         rows, won, r = one_round(ids, success, rows, table_bits(distinct, 1 / 8), len(rounds),
                                  num_slots, codes)
         rounds.append(r)

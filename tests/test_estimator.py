@@ -195,6 +195,13 @@ def _advantages_and_stats(rewards, ids):
     return advantages, stats
 
 
+def _diagnostics(rewards, ids):
+    probs = ((ids % 7).abs().double() + 1) / 9  # some per-prompt estimate, as a function of the id
+    return [sera_opt.advantage_diagnostics(rewards, ids, success_probs=probs),
+            sera_opt.advantage_diagnostics(rewards, ids, estimator="success_average",
+                                           multiplicity_correction=False)]
+
+
 @settings(max_examples=200, deadline=None)
 @given(pool=_sparse_pools(), data=st.data(), fused=st.booleans())
 def test_hashed_slots_match_the_sort_reference_bitwise(pool, data, fused):
@@ -206,9 +213,14 @@ def test_hashed_slots_match_the_sort_reference_bitwise(pool, data, fused):
     rewards = torch.tensor(outcomes, dtype=torch.float64)
     with _Setting(groups_module, _SPARSE_SLOTS="sort"):
         reference, ref_stats = _advantages_and_stats(rewards, ids)
+        ref_diagnostics = _diagnostics(rewards, ids)
     with _Setting(hashing, _CPU_BACKEND="numba" if fused else "torch"), \
             _Setting(groups_module, _HASH_MIN_ROLLOUTS=0):
         got, stats = _advantages_and_stats(rewards, ids)
+        diagnostics = _diagnostics(rewards, ids)
+    for d, ref in zip(diagnostics, ref_diagnostics, strict=True):
+        for key, value in ref.items():  # sums over slots in another order: last bits may differ
+            assert d[key] == pytest.approx(value, rel=1e-12, abs=1e-15, nan_ok=True), key
     span = int(ids.max()) - int(ids.min()) + 1
     sparse = span > groups_module._DENSE_RANGE_FACTOR * n + groups_module._DENSE_RANGE_SLACK
     for a, b in zip(got, reference, strict=True):
