@@ -826,6 +826,11 @@ def test_options_defaults_and_offsets(sv):
         sv.SeraMaxRLConfig.from_algorithm_config({"sera_maxrl": {"min_rollouts": 3}}).min_rollouts
         == 3
     )
+    # The documented default bounds: 1 + c and 4 x rollout.n.
+    for estimator, bounds in [("mean_centred", (2, 16)), ("success_average", (1, 16))]:
+        planner = sv.build_planner(sv.SeraMaxRLConfig(estimator=estimator), mean_count=4)
+        assert (planner.policy.min_rollouts, planner.policy.max_rollouts) == bounds
+        assert planner.policy.offset == sera_opt.ESTIMATOR_OFFSETS[estimator]
 
 
 @pytest.fixture(scope="module")
