@@ -310,12 +310,27 @@ def test_bad_configuration(kwargs, match):
         SuccessTracker(**kwargs)
 
 
-def test_tracking_benchmark_measures_against_its_baseline(tmp_path):
+def test_tracking_benchmark_measures_against_its_baseline():
     from sera_opt.benchmarks import tracking as bench
 
     result = bench.time_tracker(3000, 1000, 1, np.random.default_rng(0), False)
     cases = {row["case"]: row for row in result["rows"]}
-    assert cases["np.bincount (baseline)"]["ratio_wall"] == 1.0
-    for kind in ("dense (num_prompts=N)", "int ids (direct table)", "string ids"):
-        row = cases[f"{kind} | update + estimate"]
-        assert row["wall_s"] > 0 and row["ratio_wall"] > 0
+    assert cases[bench.BASELINE]["ratio_wall"] == 1.0
+    for kind in bench.CASE_NAMES:
+        for op in ("first update", "update", "estimate", "update + estimate"):
+            row = cases[f"{kind} | {op}"]
+            assert row["wall_s"] > 0 and row["rounds"] == 1
+            assert row["ratio_cpu"] == row["cpu_s"] / max(cases[bench.BASELINE]["cpu_s"], 1e-9)
+
+
+def test_tracking_benchmark_times_a_planner_step_and_its_parts():
+    from sera_opt.benchmarks import tracking as bench
+
+    rows = bench.time_planner_steps(5000, (16, 64), 2, np.random.default_rng(1), False)
+    cases = {(r["policy"], r["prompts"], r["case"]): r for r in rows}
+    assert {policy for policy, _, _ in cases} == set(bench.STEP_POLICIES)
+    for policy in bench.STEP_POLICIES:
+        for m, rounds in ((16, 2 * 64), (64, 2 * 16)):
+            for case in ("plan", "observe", "plan + observe", "policy alone", "tracker alone"):
+                row = cases[(policy, m, case)]
+                assert row["rounds"] == rounds and row["cpu_s"] >= 0 and row["wall_s"] > 0
