@@ -307,6 +307,8 @@ def _split_top_level(text: str, separator: str) -> list[str]:
             depth += 1
         elif char in ")]}":
             depth -= 1
+            if depth < 0:
+                break
         elif char == separator and depth == 0:
             parts.append(text[start:i])
             start = i + 1

@@ -6,7 +6,7 @@ the other lacks, and exits 1 if any value differs or any entry of BEFORE is
 missing from AFTER. Numbers are compared exactly (a refactor must reproduce
 them bit for bit); what depends on the machine or the moment is skipped: the
 ``machine`` description, ``timings``, the ``command`` line and every key that
-names a wall time. Entries only AFTER has (a new statistic) are listed but are
+names a wall or CPU time. Entries only AFTER has (a new statistic) are listed but are
 not differences.
 """
 
@@ -25,7 +25,7 @@ IGNORED_KEYS = frozenset({"machine", "timings", "command"})
 
 
 def _ignored(key: str) -> bool:
-    return key in IGNORED_KEYS or "wall_time" in key
+    return key in IGNORED_KEYS or "wall_time" in key or "cpu_time" in key
 
 
 def compare_payloads(before: Any, after: Any, path: str = "") -> tuple[list[str], list[str]]:

@@ -321,7 +321,7 @@ def test_experiment_is_reproducible_from_its_seed(monkeypatch):
         np.testing.assert_array_equal(paired["ahead"] + paired["behind"] + paired["tied"], 2)
 
 
-def test_quick_preset_end_to_end(tmp_path):
+def test_quick_preset_end_to_end(tmp_path, capsys):
     argv = ["--quick", "--sft-steps", "40", "--rl-steps", "4", "--out", str(tmp_path),
             "--seed", "1", "--no-progress"]
     assert arithmetic.main(argv) == 0
@@ -350,6 +350,10 @@ def test_quick_preset_end_to_end(tmp_path):
                        for row in diagnostics)
     summary = payload["summary"]
     assert set(summary["table_mean_std"]) == {"warm_start", *cfg.policies}
+    # one seed has no spread: null in the JSON and n/a in the table, not 0
+    assert summary["uniform"]["pass_at_k_std"] == [None] * 64
+    out = capsys.readouterr().out
+    assert "± n/a" in out and "no interval" in out and "0.000 ± 0.000" not in out
     assert len(summary["sera"]["difference_vs_uniform_mean"]) == 64
     # one seed: the paired interval is undefined (null plus a note), never zero-width
     for policy in cfg.policies:

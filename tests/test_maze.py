@@ -371,6 +371,9 @@ def test_main_writes_json_and_plots(tmp_path):
     assert payload["benchmark"] == "maze" and payload["preset"] == "quick"
     assert payload["config"]["steps"] == 2 and payload["seeds"] == [3]
     assert len(payload["summary"]["sera"]["mean"]) == 64
+    # one seed has no spread: null, not 0
+    assert payload["summary"]["sera"]["std"] == [None] * 64
+    assert payload["summary"]["sera"]["min"] == payload["summary"]["sera"]["max"]
     # One seed: the interval is undefined, written as null with a note, never a zero width.
     at = payload["summary"]["sera"]["paired_vs_uniform_at"]
     assert set(at) == {"pass@1", "pass@16", "pass@64"}
@@ -436,6 +439,7 @@ def test_parse_arm(text, policy, options):
     ("sera:max_ratio=nan", "not a Python literal"),
     ("sera:solver='milp", "unbalanced"),
     ("gvm:alpha=(1,2", "unbalanced"),
+    ("gvm:alpha=1)(", "unbalanced"),
 ])
 def test_parse_arm_refuses_bad_specs_in_one_line(text, match):
     with pytest.raises(_harness.ArmSpecError, match=match) as info:

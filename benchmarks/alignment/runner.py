@@ -361,7 +361,8 @@ def _summary(values) -> dict[str, float]:
     arr = np.asarray(values, dtype=np.float64)
     return {
         "mean": float(arr.mean()),
-        "std": float(arr.std(ddof=1)) if arr.size > 1 else 0.0,
+        # one draw shows no spread: NaN (null in the JSON), not a spread of 0
+        "std": float(arr.std(ddof=1)) if arr.size > 1 else float("nan"),
         "q10": float(np.quantile(arr, 0.1)),
         "q90": float(np.quantile(arr, 0.9)),
     }
@@ -599,7 +600,8 @@ def _cell(entry: dict | None, sampled: bool) -> str:
     text = f"{entry['expected_cosine']:.3f}"
     if sampled and "sampled_cosine" in entry:
         s = entry["sampled_cosine"]
-        text += f" ({s['mean']:.3f}±{s['std']:.3f})"
+        spread = f"{s['std']:.3f}" if np.isfinite(s["std"]) else "n/a"
+        text += f" ({s['mean']:.3f}±{spread})"
     return text
 
 

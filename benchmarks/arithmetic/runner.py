@@ -1,7 +1,10 @@
-"""Reasoning coverage: a tiny transformer learns addition by MaxRL, uniform versus SERA.
+"""Reasoning coverage: a tiny transformer learns addition by MaxRL, uniform versus the policies.
 
-Run as ``sera-opt bench arithmetic`` (4 seeds, about 8 minutes of CPU time on
-one core), ``sera-opt bench arithmetic --quick`` (1 seed, under a minute) or
+Run as ``sera-opt bench arithmetic`` (10 seeds; a seed's warm start costs about
+30 s of CPU time and each policy about 30 s with its evaluation, so the four
+default policies take about 25 minutes on one core; the runs that decide the
+recommended default pass ``--arms`` with :data:`REPORT_ARMS`),
+``sera-opt bench arithmetic --quick`` (1 seed, under a minute) or
 ``sera-opt bench arithmetic --preset large --device auto`` (the larger
 configuration, meant for a CUDA device). The results and their reading are in
 docs/benchmarks.md, section "Arithmetic".
@@ -22,6 +25,13 @@ For each seed:
    (:func:`sera_opt.maxrl_advantages`, :func:`sera_opt.aggregate_loss`).
 3. The held-out test set is sampled ``eval_samples`` times per problem and
    pass@k for k = 1..64 is computed with the unbiased estimator.
+
+The summary pairs every policy with uniform seed by seed: the mean difference,
+its 95 % interval (paired t over seeds), the p-value and the seeds ahead /
+behind / tied, over the whole k curve and at pass@1, pass@16 and pass@64.
+A policy is a registered name or a specification with options, ``--arms
+uniform,sera,sera-fair:alpha=1`` (see :func:`sera_opt.benchmarks._harness.parse_arm`);
+every policy gets the configuration's bounds and offset.
 
 Results go to ``--out`` as ``arithmetic.json``, ``arithmetic.png`` (pass@k)
 and ``arithmetic_training.png`` (the estimator's diagnostics during training).
@@ -74,7 +84,9 @@ def _summary(cfg: ExperimentConfig, runs: list[dict]) -> dict[str, Any]:
         curves[name] = rows
         summary[name] = {
             "pass_at_k_mean": rows.mean(axis=0),
-            "pass_at_k_std": rows.std(axis=0, ddof=1) if len(rows) > 1 else np.zeros(len(ks)),
+            # one seed shows no spread: NaN (null in the JSON), not a spread of 0
+            "pass_at_k_std": (rows.std(axis=0, ddof=1) if len(rows) > 1
+                              else np.full(len(ks), np.nan)),
             "pass_at_k_min": rows.min(axis=0),
             "pass_at_k_max": rows.max(axis=0),
         }
@@ -242,7 +254,7 @@ def run_experiment(cfg: ExperimentConfig, *, seed: int = 0, device: str = "cpu",
     cfg.validate()
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     try:
         seeds = [seed + i for i in range(cfg.seeds)]
         runs = [run_seed(cfg, s, device, show_progress=show_progress) for s in seeds]
@@ -268,6 +280,7 @@ def run_experiment(cfg: ExperimentConfig, *, seed: int = 0, device: str = "cpu",
         "runs": runs,
         "summary": _summary(cfg, runs),
         "wall_time_s": time.perf_counter() - start,
+        "cpu_time_s": time.process_time() - cpu_start,
     }
     if out_dir is not None:
         _harness.write_json(out_dir, NAME, payload)
@@ -283,13 +296,15 @@ def _print_table(cfg: ExperimentConfig, payload: dict) -> None:
     width = max(12, *(len(name) + 1 for name in table))
     print(f"{'':<{width}}" + "".join(f"{k:>16}" for k in keys))
     for name, row in table.items():
-        print(f"{name:<{width}}" + "".join(f"{m:>9.3f} ± {s:<4.3f}" for m, s in row.values()))
+        print(f"{name:<{width}}" + "".join(
+            f"{m:>9.3f} ± {s:<4.3f}" if np.isfinite(s) else f"{m:>9.3f} ± n/a  "
+            for m, s in row.values()))
     summary = payload["summary"]
     print()
     print(_harness.paired_table({name: summary[name]["paired_vs_uniform_at"]
                                  for name in cfg.policies if name != "uniform"}))
-    print(f"wall time {payload['wall_time_s']:.0f} s on {payload['device']} "
-          f"({payload['threads']} thread(s))")
+    print(f"wall time {payload['wall_time_s']:.0f} s, CPU time {payload['cpu_time_s']:.0f} s, "
+          f"on {payload['device']} ({payload['threads']} thread(s))")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -394,7 +394,7 @@ def run_seed(cfg: ExperimentConfig, seed: int, device: str, *,
     train, test = make_split(cfg.data_seed, cfg.num_train, cfg.num_test, cfg.max_digits)
     torch.manual_seed(seed)
     model, tokenizer = build_model(cfg, device)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     sft = warm_start(model, tokenizer, cfg, train, test, seed, device,
                      show_progress=show_progress)
     losses = sft["losses"]
@@ -406,6 +406,8 @@ def run_seed(cfg: ExperimentConfig, seed: int, device: str, *,
             "loss_first": losses[0] if losses else None,
             "loss_last": losses[-1] if losses else None,
             "wall_time_s": time.perf_counter() - start,
+            # CPU time: steady where the machine is shared, unlike the wall time
+            "cpu_time_s": time.process_time() - cpu_start,
             **_evaluate(model, tokenizer, cfg, test, seed, device),
         },
         "policies": {},
@@ -417,13 +419,14 @@ def run_seed(cfg: ExperimentConfig, seed: int, device: str, *,
     for policy in cfg.policies:
         model.load_state_dict(warm_state)
         torch.manual_seed(seed)
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         trained = train_maxrl(model, tokenizer, cfg, train, test, policy, seed, device,
                               show_progress=show_progress)
-        wall = time.perf_counter() - start
+        wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
         out["policies"][policy] = {
             **trained,
             "wall_time_s": wall,
+            "cpu_time_s": cpu,
             **_evaluate(model, tokenizer, cfg, test, seed, device),
         }
     return out

@@ -22,10 +22,13 @@ per-seed difference of every arm to uniform with a 95 % interval (paired t over
 seeds), and the training curves. Writes ``maze.json``, ``maze.png`` (pass@k)
 and ``maze_training.png``.
 
-Presets: ``--quick`` (under a minute), the default (about 5 minutes on 2 CPU
-cores with the default 2 worker processes), ``--preset hard`` (larger mazes,
-4 rollouts per maze; about as long) and ``--preset large`` (for a GPU:
-``--device cuda``). Results are in docs/benchmarks.md.
+Presets: ``--quick`` (under a minute), the default (16 seeds; an arm costs
+about 20 s of CPU time per seed and a seed's warm-up 8 s, so the four default
+arms take about 12 minutes with the 2 worker processes on 2 idle cores),
+``--preset hard`` (larger mazes, 4 rollouts per maze, 16 seeds; about 22 s per
+arm and 12 s per warm-up) and ``--preset large`` (for a GPU: ``--device
+cuda``). The runs that decide the recommended default pass ``--arms`` with
+:data:`REPORT_ARMS`. Results are in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -132,14 +135,17 @@ def _run_tasks(func, tasks, *, workers: int, desc: str, show: bool):
 
 
 def _spread(rows) -> dict:
-    """Mean, median, std, min and max over seeds (axis 0), ignoring NaN (an empty group)."""
+    """Mean, median, std, min and max over seeds (axis 0), ignoring NaN (an empty group).
+
+    The std of fewer than two values is NaN: one seed shows no spread, not a spread of 0.
+    """
     rows = np.asarray(rows, dtype=np.float64)
     with warnings.catch_warnings():
         # A column that is NaN for every seed stays NaN, without a warning.
         warnings.simplefilter("ignore", RuntimeWarning)
         valid = np.isfinite(rows).sum(axis=0)
         return {"mean": np.nanmean(rows, axis=0), "median": np.nanmedian(rows, axis=0),
-                "std": np.where(valid > 1, np.nanstd(rows, axis=0, ddof=1), 0.0),
+                "std": np.where(valid > 1, np.nanstd(rows, axis=0, ddof=1), np.nan),
                 "min": np.nanmin(rows, axis=0), "max": np.nanmax(rows, axis=0)}
 
 
@@ -339,6 +345,8 @@ def main(argv=None) -> int:
     json_path = _harness.write_json(args.out, NAME, payload)
     paths = plot(config, result["summary"], result["runs"], args.out)
     print(_table(config, result["summary"]))
-    print(f"wall time {result['wall_time']:.1f} s; wrote {json_path}, "
+    cpu = sum(r["cpu_time"] for r in (*result["warmups"], *result["runs"]))
+    print(f"wall time {result['wall_time']:.1f} s ({cpu:.1f} s of CPU time in the warm-ups "
+          f"and arms, {workers} worker(s)); wrote {json_path}, "
           + ", ".join(str(p) for p in paths))
     return 0

@@ -251,7 +251,7 @@ def _seed_everything(config: MazeConfig, seed: int):
 
 def run_seed_warmup(config: MazeConfig, seed: int) -> dict:
     """Warm up the policy of run ``seed``; returns its weights and the warm-up's record."""
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     torch, generator, train, test, obs_size = _seed_everything(config, seed)
     policy = make_policy(obs_size, config.hidden).to(config.device)
     rng = np.random.default_rng([seed, 1])
@@ -269,6 +269,8 @@ def run_seed_warmup(config: MazeConfig, seed: int) -> dict:
         "test_shortest_path": test.shortest_path.cpu().numpy(),
         "pass_at_k": pass_at_k_curve(test_successes, config.eval_samples, config.k_max),
         "wall_time": time.perf_counter() - start,
+        # CPU time of this task (one torch thread): steady where the machine is shared
+        "cpu_time": time.process_time() - cpu_start,
     }
 
 
@@ -356,7 +358,7 @@ def train_arm(policy, planner, train: MazeBatch, test: MazeBatch, config: MazeCo
 
 def run_arm(config: MazeConfig, seed: int, arm: str, state_dict, show_progress: bool = False) -> dict:
     """Train arm ``arm`` of run ``seed`` from the warmed-up ``state_dict``; evaluate it."""
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     torch, generator, train, test, obs_size = _seed_everything(config, seed)
     policy = make_policy(obs_size, config.hidden).to(config.device)
     policy.load_state_dict(state_dict)
@@ -377,6 +379,8 @@ def run_arm(config: MazeConfig, seed: int, arm: str, state_dict, show_progress: 
         "test_successes": test_successes,
         "pass_at_k": pass_at_k_curve(test_successes, config.eval_samples, config.k_max),
         "wall_time": time.perf_counter() - start,
+        # CPU time of this task (one torch thread): steady where the machine is shared
+        "cpu_time": time.process_time() - cpu_start,
     }
 
 
