@@ -1,11 +1,17 @@
-"""Solver and policy speed against numpy's sort of the same array.
+"""Solver and policy speed against two numpy baselines on the same array.
 
 For each prompt count M: success probabilities uniform on (0, 1), budget 8 per
 prompt, bounds 1..64 (THEORY.md's defaults for the target). Every solver and
-every registered policy is timed (median of repeats, after a warm-up call that
-pays any JIT compilation), next to ``np.sort`` of the same array timed in the
-same process: the ratio is the number to read. Slow solvers run only while one
-call stays under ``--max-seconds``.
+every registered policy (and the alpha-fair family at alpha = 0, 1, 2) is timed
+(median of repeats, after a warm-up call that pays any JIT compilation), next to
+two baselines timed in the same process on the same array: ``np.sort(p)`` and
+``np.log1p(-p)``. The ratios are the numbers to read. Two baselines, because
+their cost differs between CPUs in different ways: ``np.sort`` of a million
+floats takes 5 ms where numpy dispatches an AVX-512 sort and several times that
+without one, while ``log1p`` is a scalar loop almost everywhere; the JSON
+records the CPU's features and numpy's dispatch targets so that figures from
+different machines can be compared. Slow solvers run only while one call stays
+under ``--max-seconds``.
 
 Times are the calling thread's CPU time (``time.thread_time``): numpy's sort
 and the numba kernels run on that thread, and its CPU time neither counts the
@@ -72,6 +78,72 @@ def compile_times() -> dict:
     return runs
 
 
+# Extra arms: the alpha-fair family beside its default (policy name, options, label).
+FAMILY = (("sera-fair", {"alpha": 0.0}, "sera-fair:alpha=0"),
+          ("sera-fair", {"alpha": 2.0}, "sera-fair:alpha=2"))
+# The targets this benchmark checks at M = 10^6 and 1024 (docs/benchmarks.md).
+TARGETS = {"sera_vs_sort": 5.0, "sera_vs_log1p": 10.0, "sera_1024_s": 50e-6,
+           "peers_vs_sort": 10.0}
+
+
+def cpu_info() -> dict:
+    """The CPU's flags and numpy's SIMD dispatch: what the baselines' speed depends on."""
+    info: dict = {"flags": []}
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("flags"):
+                    info["flags"] = line.split(":", 1)[1].split()
+                    break
+    except OSError:
+        pass
+    info["avx2"] = "avx2" in info["flags"]
+    info["avx512f"] = "avx512f" in info["flags"]
+    try:
+        from numpy._core._multiarray_umath import __cpu_baseline__, __cpu_features__
+
+        info["numpy_cpu_features"] = sorted(k for k, v in __cpu_features__.items() if v)
+        info["numpy_cpu_baseline"] = list(__cpu_baseline__)
+    except ImportError:  # numpy < 2 keeps them elsewhere
+        pass
+    try:
+        from numpy.lib.introspect import opt_func_info
+
+        dispatch = opt_func_info(func_name="^(log|log1p|exp)$", signature="float64")
+        info["numpy_dispatch"] = {name: targets.get("dd", {}).get("current")
+                                  for name, targets in dispatch.items()}
+    except (ImportError, AttributeError):
+        pass
+    return info
+
+
+def targets(rows: list[dict]) -> dict:
+    """Each target with the measured figure and whether it is met (None if not measured)."""
+    def find(kind, name, m):
+        for r in rows:
+            if r["kind"] == kind and r["name"] == name and r["prompts"] == m and "median_s" in r:
+                return r
+        return None
+
+    out = {}
+    big = find("solver", "waterline", 1_000_000)
+    if big:
+        out["sera_vs_sort"] = {"value": big["ratio_to_sort"],
+                               "met": big["ratio_to_sort"] <= TARGETS["sera_vs_sort"]}
+        out["sera_vs_log1p"] = {"value": big["ratio_to_log1p"],
+                                "met": big["ratio_to_log1p"] <= TARGETS["sera_vs_log1p"]}
+    small = find("policy", "sera", 1024)
+    if small:
+        out["sera_1024_s"] = {"value": small["median_s"],
+                              "met": small["median_s"] <= TARGETS["sera_1024_s"]}
+    peers = [r for r in rows if r["kind"] == "policy" and r["prompts"] == 1_000_000
+             and "median_s" in r and r["name"] not in ("sera", "uniform")]
+    for r in peers:
+        out[f"{r['name']}_vs_sort"] = {"value": r["ratio_to_sort"],
+                                      "met": r["ratio_to_sort"] <= TARGETS["peers_vs_sort"]}
+    return out
+
+
 def instance(m: int, rng: np.random.Generator) -> np.ndarray:
     # Open interval: p = 0 would pin a prompt at the maximum, which is not the case timed here.
     return rng.uniform(np.finfo(float).tiny, 1.0, m)
@@ -84,27 +156,34 @@ def time_allocators(sizes, *, max_seconds: float, repeats: int, rng, show: bool)
     # The reference solvers go last at each size: HiGHS leaves worker threads that
     # compete for the cores for a while after a solve.
     solvers = sorted(sera_opt.available_solvers(), key=lambda n: n in ("greedy", "milp"))
-    allocators = [("solver", name) for name in solvers if name not in ("greedy", "milp")]
-    allocators += [("policy", name) for name in sera_opt.available_policies()]
-    allocators += [("solver", name) for name in solvers if name in ("greedy", "milp")]
+    allocators = [("solver", name, None) for name in solvers if name not in ("greedy", "milp")]
+    allocators += [("solver", "waterline:continuous=False", None)]
+    allocators += [("policy", name, (name, {})) for name in sera_opt.available_policies()]
+    allocators += [("policy", label, (name, options)) for name, options, label in FAMILY]
+    allocators += [("solver", name, None) for name in solvers if name in ("greedy", "milp")]
     too_slow: set[tuple[str, str]] = set()
     for m in _harness.progress(sizes, desc="sizes", enabled=show):
         p = instance(m, rng)
         budget = PER_PROMPT * m
         sort = _harness.median_time(lambda p=p: np.sort(p), repeats=repeats, min_time=0.05,
                                     clock=CLOCK)
-        for kind, name in allocators:
+        log1p = _harness.median_time(lambda p=p: np.log1p(-p), repeats=repeats, min_time=0.05,
+                                     clock=CLOCK)
+        for kind, name, spec in allocators:
             if kind == "policy" and m not in POLICY_SIZES and m not in QUICK_SIZES:
                 continue
             if (kind, name) in too_slow:
                 rows.append({"kind": kind, "name": name, "prompts": m, "skipped": "too slow"})
                 continue
             if kind == "solver":
-                def call(p=p, budget=budget, name=name):
+                solver, _, option = name.partition(":")
+                options = {"continuous": False} if option == "continuous=False" else {}
+
+                def call(p=p, budget=budget, solver=solver, options=options):
                     return sera_opt.allocate(p, budget, min_rollouts=MIN_ROLLOUTS,
-                                             max_rollouts=MAX_ROLLOUTS, solver=name)
+                                             max_rollouts=MAX_ROLLOUTS, solver=solver, **options)
             else:
-                policy = sera_opt.get_policy(name)
+                policy = sera_opt.get_policy(spec[0], **spec[1])
 
                 def call(p=p, budget=budget, policy=policy):
                     return policy.allocate(p, budget, min_rollouts=MIN_ROLLOUTS,
@@ -134,13 +213,16 @@ def time_allocators(sizes, *, max_seconds: float, repeats: int, rng, show: bool)
                 "repeats": timing["repeats"],
                 "sort_median_s": sort["median"],
                 "ratio_to_sort": timing["median"] / sort["median"],
+                "log1p_median_s": log1p["median"],
+                "ratio_to_log1p": timing["median"] / log1p["median"],
                 "clock": "wall" if name in MULTITHREADED else "thread_cpu",
                 "min_factor": first.min_factor,
             }
             rows.append(row)
             if show:
-                print(f"{kind:6s} {name:10s} M={m:>9,d}  {timing['median'] * 1e3:10.3f} ms  "
-                      f"{row['ratio_to_sort']:8.2f} x sort", file=sys.stderr)
+                print(f"{kind:6s} {name:26s} M={m:>9,d}  {timing['median'] * 1e3:10.3f} ms  "
+                      f"{row['ratio_to_sort']:8.2f} x sort  {row['ratio_to_log1p']:8.2f} x log1p",
+                      file=sys.stderr)
             following = [s for s in sizes if s > m]
             if following:
                 growth = (following[0] / m) ** GROWTH_EXPONENT.get(name, 1.1)
@@ -166,6 +248,8 @@ def plot(rows: list[dict], out_dir):
         ax_r.loglog(m, ratio, style, label=f"{kind}: {name}")
     sort_pts = sorted({(r["prompts"], r["sort_median_s"]) for r in rows if "median_s" in r})
     ax_t.loglog(*zip(*sort_pts), "k:", label="np.sort (baseline)")
+    log_pts = sorted({(r["prompts"], r["log1p_median_s"]) for r in rows if "median_s" in r})
+    ax_t.loglog(*zip(*log_pts), "k-.", label="np.log1p (baseline)")
     ax_r.axhline(5, color="gray", lw=0.8, ls=":")
     ax_t.set(xlabel="prompts M", ylabel="median seconds per call (thread CPU; milp: wall)",
              title="time per allocation")
@@ -189,17 +273,42 @@ def main(argv=None) -> int:
               f"{compile_info['cache_load_s']:.3f} s", file=sys.stderr)
     rows = time_allocators(sizes, max_seconds=args.max_seconds if not args.quick else 5.0,
                            repeats=args.repeats if not args.quick else 3, rng=rng, show=show)
+    met = targets(rows)
     payload = {
         "setup": {"per_prompt": PER_PROMPT, "min_rollouts": MIN_ROLLOUTS,
                   "max_rollouts": MAX_ROLLOUTS, "success_probs": "uniform(0, 1)",
                   "seed": args.seed, "quick": args.quick},
+        "cpu": cpu_info(),
         "compile": compile_info,
+        "targets": {"goals": TARGETS, "measured": met},
         "results": rows,
     }
     path = _harness.write_json(args.out, "solvers", payload)
     png = plot(rows, args.out)
+    print(_summary(rows, met, payload["cpu"]))
     print(f"wrote {path} and {png}")
     return 0
+
+
+def _summary(rows: list[dict], met: dict, cpu: dict) -> str:
+    """The M = 10^6 and M = 1024 lines and the targets, as a table on stdout."""
+    lines = [f"CPU: avx2={cpu.get('avx2')} avx512f={cpu.get('avx512f')}; numpy log/log1p "
+             f"dispatch: {cpu.get('numpy_dispatch')}"]
+    for m in (1024, 1_000_000):
+        sel = [r for r in rows if r["prompts"] == m and "median_s" in r]
+        if not sel:
+            continue
+        lines.append(f"M = {m:,}: np.sort {sel[0]['sort_median_s'] * 1e3:.3f} ms, "
+                     f"np.log1p {sel[0]['log1p_median_s'] * 1e3:.3f} ms")
+        for r in sel:
+            lines.append(f"  {r['kind']:6s} {r['name']:26s} {r['median_s'] * 1e3:10.3f} ms  "
+                         f"{r['ratio_to_sort']:7.2f} x sort  {r['ratio_to_log1p']:7.2f} x log1p")
+    for key, value in met.items():
+        goal = TARGETS.get(key, TARGETS["peers_vs_sort"])
+        shown = f"{value['value'] * 1e6:.1f} us" if key.endswith("_s") else f"{value['value']:.2f}x"
+        lines.append(f"target {key}: {shown} (goal {goal:g}{'' if key.endswith('_s') else 'x'}): "
+                     f"{'met' if value['met'] else 'NOT met'}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

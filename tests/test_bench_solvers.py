@@ -9,17 +9,19 @@ import numpy as np
 from sera_opt.benchmarks import _harness, solvers
 
 
-def test_time_allocators_reports_every_solver_and_policy(tmp_path):
+def test_time_allocators_reports_every_solver_policy_and_family_member(tmp_path):
     import sera_opt
 
-    rows = solvers.time_allocators((64,), max_seconds=5.0, repeats=1,
+    rows = solvers.time_allocators((256,), max_seconds=5.0, repeats=1,
                                    rng=np.random.default_rng(0), show=False)
     timed = {(r["kind"], r["name"]) for r in rows if "median_s" in r}
     assert {("solver", n) for n in sera_opt.available_solvers()} <= timed
-    for r in rows:
-        if "median_s" in r:
-            assert r["median_s"] > 0 and r["sort_median_s"] > 0
-            assert r["ratio_to_sort"] == r["median_s"] / r["sort_median_s"]
+    assert {("policy", n) for n in sera_opt.available_policies()} <= timed
+    assert {("policy", label) for _, _, label in solvers.FAMILY} <= timed
+    assert ("solver", "waterline:continuous=False") in timed
+    for r in (r for r in rows if "median_s" in r):
+        assert r["sort_median_s"] > 0 and r["log1p_median_s"] > 0
+        assert r["clock"] == ("wall" if r["name"] in solvers.MULTITHREADED else "thread_cpu")
     sera_rows = [r for r in rows if r.get("name") in ("waterline", "milp", "greedy")]
     assert len({round(r["min_factor"], 12) for r in sera_rows}) == 1, "exact solvers disagree"
     png = solvers.plot(rows, tmp_path)
@@ -27,6 +29,33 @@ def test_time_allocators_reports_every_solver_and_policy(tmp_path):
     path = _harness.write_json(tmp_path, "solvers", {"results": rows})
     body = json.loads(path.read_text())
     assert body["machine"]["cpu_count"] >= 1 and body["results"]
+
+
+def test_targets_are_judged_from_the_rows():
+    def row(kind, name, m, t, sort, log1p):
+        return {"kind": kind, "name": name, "prompts": m, "median_s": t, "sort_median_s": sort,
+                "ratio_to_sort": t / sort, "log1p_median_s": log1p, "ratio_to_log1p": t / log1p}
+
+    rows = [row("solver", "waterline", 10**6, 0.040, 0.010, 0.005),   # 4x sort, 8x log1p
+            row("policy", "sera", 1024, 60e-6, 1e-5, 1e-5),           # 60 us at 1024
+            row("policy", "hora", 10**6, 0.2, 0.010, 0.005),          # 20x sort
+            row("policy", "vip", 10**6, 0.05, 0.010, 0.005)]
+    met = solvers.targets(rows)
+    assert met["sera_vs_sort"] == {"value": 4.0, "met": True}
+    assert met["sera_vs_log1p"]["met"] is True and met["sera_vs_log1p"]["value"] == 8.0
+    assert met["sera_1024_s"]["met"] is False
+    assert met["hora_vs_sort"]["met"] is False and met["vip_vs_sort"]["met"] is True
+    assert "uniform_vs_sort" not in met
+    text = solvers._summary(rows, met, {"avx2": True})
+    assert "NOT met" in text and "M = 1,000,000" in text
+
+
+def test_cpu_info_reads_the_flags():
+    info = solvers.cpu_info()
+    assert isinstance(info["flags"], list)
+    if info["flags"]:  # Linux
+        assert info["avx2"] == ("avx2" in info["flags"])
+    assert "numpy_cpu_features" in info and info["numpy_cpu_features"]
 
 
 def test_pass_at_k_matches_the_combinatorial_formula():
