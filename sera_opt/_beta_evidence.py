@@ -30,10 +30,14 @@ frame of a base step ``T``), and the sums are compensated (Neumaier), so they
 do not drift. What remains: ``S`` and ``N`` are multiplied by ``decay`` once
 per update (a relative error of about one ulp per update), and the frame
 factors span ``d^(t - T)``, which a rebase to the current step bounds by
-``2^32``. A full recomputation every :data:`REFRESH_STEPS` updates resets the
-former, one every ``22 / -ln(decay)`` updates over the seen slots the latter;
-both cost O(number of prompts), so O(1) amortized per update for ``decay >=
-0.9``, about ``size / 728`` slot operations per update at ``decay = 0.97``.
+``2^32``. A rebase every ``22 / -ln(decay)`` updates (728 at ``decay = 0.97``)
+recomputes ``sum 1 / n_i`` over the seen prompts, found through their calendar
+entries: O(seen prompts), and a prompt stays seen for at most ``ln(n_i) /
+-ln(decay)`` updates after its last touch, so this is O(batch * ln(n) / 22)
+amortized. A full recomputation every :data:`REFRESH_STEPS` updates (one pass
+over all prompts: O(size / 65536) amortized) resets the drift of ``S`` and
+``N``; the rate sums are re-centred (one pass) only when the pooled mean has
+moved so far from their centre that rounding could matter.
 """
 
 from __future__ import annotations
@@ -275,8 +279,8 @@ class BetaEvidence:
             self._refresh()
         elif t - self._base >= self._rebase_every:
             self._base = t
-            _kernels().rebase_inverse_sum(self._rows, self.size, t, self._powers, self._due,
-                                          self._sums)
+            _kernels().rebase_inverse_sum(self._rows, t, self._powers, self._due,
+                                          self._calendar, self._sums)
         elif self._needs_recentring():
             self._refresh()
 

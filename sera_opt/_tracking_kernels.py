@@ -693,18 +693,33 @@ def _expire(t, rows, powers, complete, inv_log, sums, counts, base, shift, due, 
 
 
 @njit(cache=True)
-def rebase_inverse_sum(rows, size, base, powers, due, sums):
+def rebase_inverse_sum(rows, base, powers, due, events, sums):
     """Recompute the sum of 1 / n_i over the seen prompts in the frame of a new base step.
 
-    Slot order, so the result depends only on the state.
+    The seen prompts are the live calendar entries of the n >= 1 nodes, so this
+    costs O(entries), not O(prompts); they are summed in slot order, so the
+    result depends only on the state.
     """
+    count = 0
+    for e in range(events.shape[0]):
+        node = events[e, 0]
+        if node & 1 == 0 and due[node] != NOT_LINKED and events[e, 1] == due[node]:
+            count += 1
+    nodes = np.empty(count, dtype=np.int64)
+    count = 0
+    for e in range(events.shape[0]):
+        node = events[e, 0]
+        if node & 1 == 0 and due[node] != NOT_LINKED and events[e, 1] == due[node]:
+            nodes[count] = node
+            count += 1
+    nodes.sort()
     sums[SUM_G] = 0.0
     sums[SUM_G + 1] = 0.0
-    for slot in range(size):
-        if due[2 * slot] != NOT_LINKED:
-            row = rows[slot]
-            _kadd(sums, SUM_G, _frame(powers, row.last_step, base)
-                  / (row.successes + row.failures))
+    for i in range(count):
+        if i > 0 and nodes[i] == nodes[i - 1]:
+            continue
+        row = rows[nodes[i] >> 1]
+        _kadd(sums, SUM_G, _frame(powers, row.last_step, base) / (row.successes + row.failures))
 
 
 @njit(cache=True)
