@@ -247,13 +247,9 @@ def check_counts(
         raise SeraOptError(f"counts must be whole numbers of rollouts, got {array.tolist()!r}.")
     array = array.astype(np.int64)
     if num_prompts and int(array.min()) < minimum:
+        hint = " Drop prompts with no rollouts from the batch before planning." if minimum else ""
         raise SeraOptError(
-            f"every prompt needs at least {minimum} rollout(s); got counts {array.tolist()}. "
-            + (
-                "Drop prompts with no rollouts from the batch before planning."
-                if minimum >= 1
-                else ""
-            )
+            f"every prompt needs at least {minimum} rollout(s); got counts {array.tolist()}.{hint}"
         )
     total = int(array.sum())
     if num_prompts and total == 0:
