@@ -429,8 +429,9 @@ def check_arms(arms, *, min_rollouts, max_rollouts, offset: int, num_prompts: in
 POLICY_COLORS = {"uniform": "tab:blue", "sera": "tab:red", "knapsack": "tab:green",
                  "hora": "tab:orange", "vip": "tab:purple", "gvm": "tab:brown",
                  "sera-bayes": "tab:pink"}
-_SPARE_COLORS = ("tab:cyan", "tab:olive", "tab:gray", "#17becf80", "#393b79", "#637939",
-                 "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d", "#31a354")
+# No greys: the experiments draw their warm-up or warm start in grey.
+_SPARE_COLORS = ("tab:cyan", "tab:olive", "#393b79", "#637939", "#8c6d31", "#843c39",
+                 "#7b4173", "#e6550d", "#31a354", "#3182bd", "#756bb1", "#9c9ede")
 
 
 def arm_colors(labels: Iterable[str], fixed: dict[str, str] | None = None) -> dict[str, str]:

@@ -509,6 +509,8 @@ def test_arm_colors_are_distinct_and_keep_the_fixed_ones():
     assert colors["uniform"] == _harness.POLICY_COLORS["uniform"]
     assert colors["hora"] == _harness.POLICY_COLORS["hora"]
     assert len(set(colors.values())) == len(labels)
+    # no grey (the warm-up's colour) among the spare ones
+    assert not any("gray" in c or "grey" in c for c in colors.values())
 
 
 # ---------------------------------------------------------------------------
