@@ -96,14 +96,13 @@ def validate_success_probs(success_probs, *, name: str = "success_probs") -> np.
         raise SeraOptError(
             f"{name} must be a 1-D array of probabilities; could not convert it: {exc}"
         ) from exc
-    if p.dtype == object or not (
-        np.issubdtype(p.dtype, np.number) or p.dtype == np.bool_
-    ):
+    kind = p.dtype.kind
+    if kind == "c":
+        raise SeraOptError(f"{name} must be real, got a complex array.")
+    if kind not in "fiub":
         raise SeraOptError(
             f"{name} must be numeric probabilities in [0, 1], got dtype {p.dtype}."
         )
-    if np.iscomplexobj(p):
-        raise SeraOptError(f"{name} must be real, got a complex array.")
     if p.ndim != 1:
         raise SeraOptError(
             f"{name} must be 1-D (one success probability per prompt), got shape "
@@ -111,7 +110,8 @@ def validate_success_probs(success_probs, *, name: str = "success_probs") -> np.
         )
     if p.size == 0:
         raise SeraOptError(f"{name} is empty: a batch needs at least one prompt.")
-    p = p.astype(_float_dtype(p.dtype), copy=False)
+    if p.dtype != np.float64 and p.dtype != np.float32:
+        p = p.astype(_float_dtype(p.dtype))
     # Two reductions decide validity (NaN propagates through both); the slow
     # diagnosis below runs only on bad input.
     low, high = p.min(), p.max()
@@ -382,12 +382,21 @@ class AllocationProblem:
             from .solvers import _waterline_kernels
 
             _jit.announce_compilation(_waterline_kernels, "rates_from_probs")
-            rates_from_probs = _waterline_kernels.rates_from_probs
             p = np.ascontiguousarray(self.success_probs, dtype=np.float64)
             rates = np.empty(p.shape[0], dtype=np.float64)
-            zeros, infs = rates_from_probs(p, rates)
-            rates.setflags(write=False)
-            cache = self.__dict__["_rates_cache"] = (rates, int(zeros), int(infs))
+            zeros, infs = _waterline_kernels.rates_from_probs(p, rates)
+            cache = self._cache_rates(rates, zeros, infs)
+        return cache
+
+    def _cache_rates(self, rates: np.ndarray, zeros: int, infs: int):
+        """Keep the rates (and how many are 0 and inf) that a kernel computed for us.
+
+        The cache holds a read-only view (what :attr:`rates` returns) and the writable
+        array behind it, which only the kernels read: numba compiles a separate
+        specialization for read-only arrays."""
+        view = rates.view()
+        view.setflags(write=False)
+        cache = self.__dict__["_rates_cache"] = (view, int(zeros), int(infs), rates)
         return cache
 
     @property
@@ -399,7 +408,7 @@ class AllocationProblem:
     @property
     def has_edges(self) -> bool:
         """Whether some prompt has ``p = 0`` or ``p = 1`` (rate 0 or inf)."""
-        _, zeros, infs = self._rates_and_edges()
+        _, zeros, infs, _ = self._rates_and_edges()
         return bool(zeros or infs)
 
     @property
@@ -453,6 +462,8 @@ class AllocationProblem:
 
 def _scalar_or_bounds(value, name: str, m: int):
     """A bound as a Python int (the same for every prompt) or a read-only int64 array."""
+    if type(value) is int:
+        return validate_count(value, name)
     if np.ndim(value) == 0 and not isinstance(value, (bool, np.bool_)):
         try:
             return validate_count(value, name)

@@ -106,12 +106,13 @@ class Allocation:
         """Build from counts that a library solver produced and the tests certify
         (int64, feasible), without re-checking them: O(1) instead of O(M)."""
         out = object.__new__(cls)
-        values = {f.name: f.default for f in dataclasses.fields(cls) if f.init}
-        values.update(problem=problem, counts=_read_only(counts), **fields)
-        if values["continuous"] is not None:
-            values["continuous"] = _read_only(values["continuous"])
-        for name, value in values.items():
-            object.__setattr__(out, name, value)
+        state = out.__dict__
+        state.update(_DEFAULTS)
+        state.update(fields)
+        state["problem"] = problem
+        state["counts"] = _read_only(counts)
+        if state["continuous"] is not None:
+            _read_only(state["continuous"])
         return out
 
     def replace(self, **changes: Any) -> Allocation:
@@ -187,3 +188,7 @@ class Allocation:
             f"min_factor={self.min_factor:.6g}, factor_spread={self.factor_spread:.6g}, "
             f"wall_time={self.wall_time:.3g}s)"
         )
+
+
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Allocation) if f.init
+             and f.default is not dataclasses.MISSING}

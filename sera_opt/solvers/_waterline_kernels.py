@@ -25,7 +25,7 @@ import numpy as np
 from numba import njit
 
 # Stop narrowing the integer bracket once it holds this many pre-levels (or
-# fewer): selecting among them directly is cheaper than more passes.
+# M / 16): selecting among them directly is cheaper than more passes.
 _COLLECT_MIN = 2048
 
 
@@ -95,6 +95,9 @@ def _bounds(lo, hi, uniform, c, i):
     return lo[j] - c, hi[j] - lo[j]
 
 
+# Without a hint, the integer search starts from the waterline of this many prompts.
+_HINT_SAMPLE = 256
+
 # Prompts are counted in blocks: a first loop that the compiler can vectorize
 # takes each count from one division and a ceiling, a second one settles, with the
 # exact products, the few whose quotient lies within rounding of a step.
@@ -145,11 +148,13 @@ def _total_below(rates, lo, hi, uniform, c, level):
 
 @njit(cache=True)
 def _extremes(rates, lo, hi, uniform, c):
-    """Smallest first pre-level, largest last one, the total capacity, and the root of
-    the relaxation if every prompt were strictly between its bounds (its ``sum 1/a`` and
-    ``sum m_lo``)."""
+    """What both searches open with, in one pass: the smallest first pre-level, the
+    largest last pre-level and the largest level at the maximum, the total capacity, and
+    ``sum 1/a`` and ``sum m_lo`` (the root of the relaxation if every prompt were
+    strictly between its bounds)."""
     first = np.inf
     last = -np.inf
+    top = -np.inf
     total = 0
     inv_sum = 0.0
     m_sum = 0.0
@@ -159,18 +164,28 @@ def _extremes(rates, lo, hi, uniform, c):
             a = rates[i]
             b0 = a * m
             b1 = a * (m + cap - 1)
+            b2 = a * (m + cap)
             if b0 < first:
                 first = b0
             if b1 > last:
                 last = b1
+            if b2 > top:
+                top = b2
             total += cap
             inv_sum += 1.0 / a
             m_sum += m
-    return first, last, total, inv_sum, m_sum
+    return first, last, top, total, inv_sum, m_sum
 
 
 @njit(cache=True)
 def linear_solve(rates, lo, hi, uniform, c, extra, hint, hint_slope, counts):
+    """SERA's greedy on finite positive rates; see :func:`_solve_core`."""
+    _solve_core(rates, lo, hi, uniform, c, extra, hint, hint_slope, counts,
+                _extremes(rates, lo, hi, uniform, c))
+
+
+@njit(cache=True)
+def _solve_core(rates, lo, hi, uniform, c, extra, hint, hint_slope, counts, ext):
     """SERA's greedy: hand out ``extra`` rollouts one at a time to the lowest level.
 
     Writes ``counts`` (``lo`` plus the increments). Every pre-level strictly below
@@ -187,7 +202,7 @@ def linear_solve(rates, lo, hi, uniform, c, extra, hint, hint_slope, counts):
     among which ``T`` is selected exactly by a partition.
     """
     n = rates.shape[0]
-    lo_l, hi_l, total, inv_sum, m_sum = _extremes(rates, lo, hi, uniform, c)
+    lo_l, hi_l, _, total, inv_sum, m_sum = ext
     if extra <= 0 or extra >= total:
         full = extra > 0
         for i in range(n):
@@ -205,6 +220,20 @@ def linear_solve(rates, lo, hi, uniform, c, extra, hint, hint_slope, counts):
     else:
         level = (target + m_sum) / inv_sum
         slope = inv_sum
+        if n >= 4 * _HINT_SAMPLE:
+            # Without the relaxation, the waterline of a strided subsample for its
+            # share of the budget is a far better start than the all-active root.
+            stride = n // _HINT_SAMPLE
+            sub = np.arange(0, n, stride)
+            lo_s = lo if uniform else lo[sub]
+            hi_s = hi if uniform else hi[sub]
+            r_s = rates[sub]
+            guess, sub_slope = _relax_root(r_s, lo_s, hi_s, uniform, c,
+                                           extra * sub.shape[0] / n, np.nan,
+                                           _extremes(r_s, lo_s, hi_s, uniform, c))
+            if sub_slope > 0.0:
+                level = guess
+                slope = sub_slope * n / sub.shape[0]
         if not (lo_l < level < hi_l):
             level = 0.5 * (lo_l + hi_l)
     prev_level = np.nan
@@ -281,10 +310,11 @@ def linear_solve(rates, lo, hi, uniform, c, extra, hint, hint_slope, counts):
 
 
 @njit(cache=True)
-def _relax_root(rates, lo, hi, uniform, c, extra, start):
+def _relax_root(rates, lo, hi, uniform, c, extra, start, ext):
     """The waterline ``L`` with ``sum_i clip(L / a_i - m_lo_i, 0, cap_i) = extra``, from a
     first guess ``start`` (NaN: the all-active root). Returns ``(L, slope)``, ``slope``
     being ``sum 1 / a_i`` over the prompts strictly inside their bounds at ``L``.
+    ``ext`` is :func:`_extremes` of these prompts.
 
     ``F(L) = sum_i x_i(L)`` is piecewise linear. Each read-only pass evaluates the
     piece that contains ``L`` (its active set, slope, and the neighbouring
@@ -294,26 +324,9 @@ def _relax_root(rates, lo, hi, uniform, c, extra, start):
     the bracket, else the bracket's midpoint.
     """
     n = rates.shape[0]
-    lo_l = np.inf
-    hi_l = -np.inf
-    total = 0.0
-    inv_sum = 0.0
-    m_sum = 0.0
-    for i in range(n):
-        m, cap = _bounds(lo, hi, uniform, c, i)
-        if cap > 0:
-            a = rates[i]
-            b0 = a * m
-            b1 = a * (m + cap)
-            if b0 < lo_l:
-                lo_l = b0
-            if b1 > hi_l:
-                hi_l = b1
-            total += cap
-            inv_sum += 1.0 / a
-            m_sum += m
-    if total == 0.0 or extra <= 0.0:
-        return (lo_l if total > 0.0 else 0.0), 0.0
+    lo_l, _, hi_l, total, inv_sum, m_sum = ext
+    if total == 0 or extra <= 0.0:
+        return (lo_l if total > 0 else 0.0), 0.0
     if extra >= total:
         return hi_l, 0.0
     level = start
@@ -374,29 +387,33 @@ def _relax_root(rates, lo, hi, uniform, c, extra, start):
     return root, slope
 
 
-# From this many prompts on, the waterline of a strided subsample of _SUBSAMPLE
-# prompts (for its share of the budget) is the first guess: the full passes then
-# start inside or next to the right piece.
-_SUBSAMPLE_FROM = 65536
+# From this many prompts on, the waterline of a strided subsample (a quarter of the
+# prompts, at most _SUBSAMPLE) for its share of the budget is the first guess: the
+# full passes then start inside or next to the right piece.
+_SUBSAMPLE_FROM = 1024
 _SUBSAMPLE = 4096
 
 
 @njit(cache=True)
-def linear_relax(rates, lo, hi, uniform, c, extra, relaxed):
-    """The continuous waterline: ``x_i(L) = clip(L / a_i - m_lo_i, 0, cap_i)`` with
-    ``sum x = extra``; writes ``relaxed = lo + x`` and returns ``(L, slope)`` (see
-    :func:`_relax_root`)."""
+def _relax_start(rates, lo, hi, uniform, c, extra):
     n = rates.shape[0]
-    start = np.nan
-    if n >= _SUBSAMPLE_FROM:
-        stride = n // _SUBSAMPLE
-        sub = np.arange(0, n, stride)
-        lo_s = lo if uniform else lo[sub]
-        hi_s = hi if uniform else hi[sub]
-        start, _ = _relax_root(rates[sub], lo_s, hi_s, uniform, c,
-                               extra * sub.shape[0] / n, np.nan)
-    root, slope = _relax_root(rates, lo, hi, uniform, c, extra, start)
-    for i in range(n):
+    if n < _SUBSAMPLE_FROM:
+        return np.nan
+    stride = max(4, n // _SUBSAMPLE)
+    sub = np.arange(0, n, stride)
+    lo_s = lo if uniform else lo[sub]
+    hi_s = hi if uniform else hi[sub]
+    r_s = rates[sub]
+    start, _ = _relax_root(r_s, lo_s, hi_s, uniform, c, extra * sub.shape[0] / n, np.nan,
+                           _extremes(r_s, lo_s, hi_s, uniform, c))
+    return start
+
+
+@njit(cache=True)
+def _relax_core(rates, lo, hi, uniform, c, extra, relaxed, ext):
+    root, slope = _relax_root(rates, lo, hi, uniform, c, extra,
+                              _relax_start(rates, lo, hi, uniform, c, extra), ext)
+    for i in range(rates.shape[0]):
         j = 0 if uniform else i
         m = lo[j] - c
         cap = hi[j] - lo[j]
@@ -406,3 +423,33 @@ def linear_relax(rates, lo, hi, uniform, c, extra, relaxed):
         else:
             relaxed[i] = lo[j]
     return root, slope
+
+
+@njit(cache=True)
+def linear_relax(rates, lo, hi, uniform, c, extra, relaxed):
+    """The continuous waterline: ``x_i(L) = clip(L / a_i - m_lo_i, 0, cap_i)`` with
+    ``sum x = extra``; writes ``relaxed = lo + x`` and returns ``(L, slope)`` (see
+    :func:`_relax_root`)."""
+    return _relax_core(rates, lo, hi, uniform, c, extra, relaxed,
+                       _extremes(rates, lo, hi, uniform, c))
+
+
+@njit(cache=True)
+def waterline_solve(p, rates, compute_rates, lo, hi, uniform, c, extra, continuous, counts,
+                    relaxed):
+    """SERA's whole solve in one call: the rates (when ``compute_rates``; written into
+    ``rates``), the relaxation (when ``continuous``; into ``relaxed``) and the integer
+    counts (into ``counts``), sharing one opening pass. Returns ``(level, slope, zeros,
+    infs)``; when some prompt has rate 0 or inf (``zeros`` or ``infs`` positive) it stops
+    after the rates, and the caller serves the edges first (sera_opt.solvers._tiers)."""
+    if compute_rates:
+        zeros, infs = rates_from_probs(p, rates)
+        if zeros > 0 or infs > 0:
+            return np.nan, 0.0, zeros, infs
+    ext = _extremes(rates, lo, hi, uniform, c)
+    level = np.nan
+    slope = 0.0
+    if continuous:
+        level, slope = _relax_core(rates, lo, hi, uniform, c, float(extra), relaxed, ext)
+    _solve_core(rates, lo, hi, uniform, c, extra, level, slope, counts, ext)
+    return level, slope, 0, 0

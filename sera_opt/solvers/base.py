@@ -71,7 +71,18 @@ class Solver(ABC):
     @classmethod
     def is_available(cls) -> bool:
         """True when every module in :attr:`requires` can be imported."""
-        return all(importlib.util.find_spec(m) is not None for m in cls.requires)
+        return not cls._missing()
+
+    @classmethod
+    def _missing(cls) -> list[str]:
+        # Looked up once per class and process: an install does not appear mid-run,
+        # and find_spec costs a microsecond on every call.
+        cache = cls.__dict__.get("_missing_cache")
+        if cache is None or cache[0] != cls.requires:
+            cache = (cls.requires,
+                     [m for m in cls.requires if importlib.util.find_spec(m) is None])
+            cls._missing_cache = cache
+        return cache[1]
 
     def check_options(self, options: Mapping[str, Any], *, stacklevel: int = 2) -> dict[str, Any]:
         """The options this solver understands; a :class:`SeraOptWarning` for each other."""
@@ -86,13 +97,13 @@ class Solver(ABC):
 
     def solve(self, problem: AllocationProblem, **options: Any) -> Allocation:
         """Solve ``problem`` and return an :class:`~sera_opt.Allocation` of it."""
-        missing = [m for m in self.requires if importlib.util.find_spec(m) is None]
+        missing = self._missing()
         if missing:
             raise MissingDependencyError(
                 f"solver {self.name!r} needs {', '.join(missing)}; install it with "
                 f"`pip install {' '.join(missing)}` or choose another solver."
             )
-        known = self.check_options(options, stacklevel=2)
+        known = self.check_options(options, stacklevel=2) if options else options
         out = self._solve(problem, **known)
         if not isinstance(out, Allocation):
             raise SolverError(

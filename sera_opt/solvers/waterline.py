@@ -23,12 +23,19 @@ from .separable import PointLevels
 __all__ = ["WaterlineSolver", "continuous_waterline", "integer_waterline"]
 
 
-def _kernels():
-    from .. import _jit
-    from . import _waterline_kernels
+_KERNELS = None
 
-    _jit.announce_compilation(_waterline_kernels, "linear_solve", "linear_relax")
-    return _waterline_kernels
+
+def _kernels():
+    global _KERNELS
+    if _KERNELS is None:
+        from .. import _jit
+        from . import _waterline_kernels
+
+        _jit.announce_compilation(_waterline_kernels, "linear_solve", "linear_relax",
+                                  "waterline_solve")
+        _KERNELS = _waterline_kernels
+    return _KERNELS
 
 
 def _kernel_bounds(problem: AllocationProblem):
@@ -113,6 +120,32 @@ def integer_waterline(problem: AllocationProblem, hint: float = math.nan,
                   np.zeros(4, dtype=np.int64))
 
 
+def _fused(problem: AllocationProblem, continuous: bool):
+    """The common case in one compiled call (rates, relaxation, counts); None when some
+    prompt has p = 0 or p = 1, which the tiered path serves."""
+    kernels = _kernels()
+    m = problem.num_prompts
+    cached = problem.__dict__.get("_rates_cache")
+    if cached is not None and (cached[1] or cached[2]):
+        return None
+    lo, hi, uniform = _kernel_bounds(problem)
+    counts = np.empty(m, dtype=np.int64)
+    relaxed = np.empty(m if continuous else 0, dtype=np.float64)
+    if cached is None:
+        p = np.ascontiguousarray(problem.success_probs, dtype=np.float64)
+        rates = np.empty(m, dtype=np.float64)
+    else:
+        p = rates = cached[3]  # the writable array behind the read-only view
+    level, _, zeros, infs = kernels.waterline_solve(
+        p, rates, cached is None, lo, hi, uniform, problem.offset, problem.spare_budget,
+        continuous, counts, relaxed)
+    if cached is None:
+        problem._cache_rates(rates, zeros, infs)
+    if zeros or infs:
+        return None
+    return counts, (relaxed if continuous else None), (float(level) if continuous else None)
+
+
 @register_solver
 class WaterlineSolver(Solver):
     """Closed-form waterline with exact integer rounding (the default).
@@ -143,9 +176,13 @@ class WaterlineSolver(Solver):
 
     def _solve(self, problem: AllocationProblem, continuous: bool = True) -> Allocation:
         start = time.perf_counter()
-        relaxed, level, slope = _relax(problem) if continuous else (None, None, 0.0)
-        # The integer threshold lies just below the relaxation's level.
-        counts = integer_waterline(problem, math.nan if level is None else level, slope)
+        fused = _fused(problem, continuous)
+        if fused is not None:
+            counts, relaxed, level = fused
+        else:
+            relaxed, level, slope = _relax(problem) if continuous else (None, None, 0.0)
+            # The integer threshold lies just below the relaxation's level.
+            counts = integer_waterline(problem, math.nan if level is None else level, slope)
         elapsed = time.perf_counter() - start
         return Allocation._trusted(problem, counts, solver=self.name, wall_time=elapsed,
                                    objective=PointLevels.from_problem(problem),
