@@ -19,6 +19,7 @@ from .exceptions import (
     SeraOptWarning,
     SolverError,
 )
+from .planner import RolloutPlanner
 from .policies import (
     DEFAULT_MAX_RATIO,
     AllocationPolicy,
@@ -35,11 +36,7 @@ from .problem import MAX_BUDGET, AllocationProblem, attenuation
 from .result import Allocation
 from .solvers import Solver, available_solvers, get_solver, register_solver
 from .solvers.separable import SeparableObjective, solve_separable
-
-# --- tracking and planning (numpy only) ---
-from .planner import RolloutPlanner
 from .tracking import SuccessTracker
-# --- end tracking and planning ---
 
 # Names whose modules import torch: loaded on first access so that
 # `import sera_opt` stays light.

@@ -30,6 +30,7 @@ __all__ = [
     "validate_success_probs",
     "validate_offset",
     "validate_count",
+    "validate_real",
 ]
 
 OFFSETS = (0, 1)
@@ -76,6 +77,29 @@ def validate_count(value, name: str, *, minimum: int = 0) -> int:
             f"only up to there."
         )
     return int(number)
+
+
+def validate_real(value, name: str, *, minimum: float | None = None, strict: bool = False,
+                  allow_inf: bool = False, meaning: str = "") -> float:
+    """A real-valued option as a float: a number (not a bool or a string), not NaN, finite
+    unless ``allow_inf``, and ``>= minimum`` (``> minimum`` when ``strict``). The error says
+    what the option must be, what it means (``meaning``) and what was given."""
+    must = ("a number" if allow_inf else "a finite number")
+    if minimum is not None:
+        must += f" {'>' if strict else '>='} {minimum:g}"
+    if allow_inf:
+        must += " (inf allowed)"
+    if meaning:
+        must += f": {meaning}"
+    message = f"{name} must be {must}; got {value!r}."
+    if isinstance(value, (bool, np.bool_, str, bytes)) or not isinstance(value, (numbers.Real,
+                                                                                 np.number)):
+        raise SeraOptError(message)
+    out = float(value)
+    if out != out or (not allow_inf and not np.isfinite(out)) or (
+            minimum is not None and (out <= minimum if strict else out < minimum)):
+        raise SeraOptError(message)
+    return out
 
 
 def _float_dtype(dtype: np.dtype) -> np.dtype:

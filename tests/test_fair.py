@@ -112,7 +112,7 @@ def test_alpha_zero_has_the_largest_sum_and_alpha_inf_the_largest_minimum(case):
     factors = {a: sera_opt.attenuation(p, allocate(p, lo, hi, budget, c, a).counts, c)
                for a in (*ALPHAS, math.inf)}
     inner = (p > 0) & (p < 1)
-    for a, w in factors.items():
+    for w in factors.values():
         assert factors[0.0][inner].sum() >= w[inner].sum() - 1e-12
         assert factors[math.inf].min() >= w.min() - 1e-12 or not inner.all()
 

@@ -4,13 +4,12 @@ against pure-Python references."""
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-
-import math
 
 import sera_opt
 from sera_opt import AllocationProblem

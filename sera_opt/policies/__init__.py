@@ -11,9 +11,9 @@ from .base import (
     policy_from_config,
     register_policy,
 )
+from .bayes import PosteriorPolicy, SERABayesPolicy  # noqa: I001 (registration order)
 from .core import EvenCounts, SERAPolicy, UniformPolicy, uniform_counts
 from .fair import SERAFairPolicy
-from .bayes import PosteriorPolicy, SERABayesPolicy  # noqa: I001 (registration order)
 from .peers import GVMPolicy, HORAPolicy, KnapsackPolicy, VIPPolicy
 
 __all__ = [

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -12,7 +11,7 @@ import numpy as np
 
 from .._registry import Registry
 from ..exceptions import SeraOptError
-from ..problem import AllocationProblem, validate_count, validate_offset
+from ..problem import AllocationProblem, validate_count, validate_offset, validate_real
 from ..result import Allocation
 
 __all__ = [
@@ -55,19 +54,8 @@ def _check_bound(value, name: str):
 def _check_max_ratio(max_ratio):
     if max_ratio is None:
         return None
-    if isinstance(max_ratio, (bool, np.bool_)) or not isinstance(max_ratio, (int, float,
-                                                                             np.number)):
-        raise SeraOptError(
-            f"max_ratio must be a number >= 1 (the cap as a multiple of the average count) "
-            f"or None for no cap, got {max_ratio!r}."
-        )
-    value = float(max_ratio)
-    if not (value >= 1 and math.isfinite(value)):
-        raise SeraOptError(
-            f"max_ratio must be a finite number >= 1 (the cap as a multiple of the average "
-            f"count) or None for no cap, got {max_ratio!r}."
-        )
-    return value
+    return validate_real(max_ratio, "max_ratio", minimum=1.0,
+                         meaning="the cap as a multiple of the average count; None for no cap")
 
 
 class AllocationPolicy(ABC):

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..exceptions import SeraOptError
-from ..problem import AllocationProblem
+from ..problem import AllocationProblem, validate_real
 from ..result import Allocation
 from ..solvers.separable import BetaLevels, PointLevels, validate_beta_posterior
 from .base import DEFAULT_MAX_RATIO, SeparablePolicy, register_policy
@@ -40,24 +40,6 @@ def expected_factors(alpha, beta, counts, offset: int = 0) -> np.ndarray:
     a, b = validate_beta_posterior(alpha, beta)
     levels = BetaLevels(a, b, offset=offset).terms(np.asarray(counts, dtype=np.int64))
     return -np.expm1(-levels)
-
-
-def _validate_strength(prior_strength) -> float:
-    if isinstance(prior_strength, (bool, np.bool_)):
-        raise SeraOptError(f"prior_strength must be a positive number (or inf), got "
-                           f"{prior_strength!r}.")
-    try:
-        s = float(prior_strength)
-    except (TypeError, ValueError):
-        raise SeraOptError(
-            f"prior_strength must be a positive number (or inf), got {prior_strength!r}."
-        ) from None
-    if not s > 0:
-        raise SeraOptError(
-            f"prior_strength must be > 0 (the pseudo-count behind each success "
-            f"probability), got {prior_strength!r}; use inf for point estimates."
-        )
-    return s
 
 
 class PosteriorPolicy(SeparablePolicy):
@@ -83,7 +65,9 @@ class PosteriorPolicy(SeparablePolicy):
 
     def __init__(self, *, prior_strength: float = DEFAULT_PRIOR_STRENGTH, **bounds: Any):
         super().__init__(**bounds)
-        self.prior_strength = _validate_strength(prior_strength)
+        self.prior_strength = validate_real(
+            prior_strength, "prior_strength", minimum=0.0, strict=True, allow_inf=True,
+            meaning="the pseudo-count behind each success probability; inf for point estimates")
 
     def allocate(self, success_probs, budget, *, min_rollouts=None, max_rollouts=None,
                  posterior=None, **inputs: Any) -> Allocation:

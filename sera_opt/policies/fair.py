@@ -57,7 +57,7 @@ class SERAFairPolicy(SeparablePolicy):
     """
 
     name = "sera-fair"
-    preference = 1
+    preference = 2
     option_names = ("alpha",)
     default_max_ratio = DEFAULT_MAX_RATIO
     offset_sensitive = True

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..exceptions import SeraOptError
-from ..problem import AllocationProblem
+from ..problem import AllocationProblem, validate_real
 from ..solvers.separable import (
     HitUtility,
     InverseCountCost,
@@ -99,7 +99,7 @@ class VIPPolicy(SeparablePolicy):
 
     def __init__(self, gamma: float = 7e-4, **bounds: Any):
         super().__init__(**bounds)
-        self.gamma = _finite_float(gamma, "gamma", minimum=0.0)
+        self.gamma = validate_real(gamma, "gamma", minimum=0.0)
 
     def objective(self, problem: AllocationProblem):
         return RLOOVariance(problem.success_probs, self.gamma)
@@ -191,8 +191,8 @@ class GVMPolicy(SeparablePolicy):
     def __init__(self, alpha: float = 1e-3, beta: float = 2.0, *, gradient_norms=None,
                  **bounds: Any):
         super().__init__(**bounds)
-        self.alpha = _finite_float(alpha, "alpha", minimum=0.0)
-        self.beta = _finite_float(beta, "beta")
+        self.alpha = validate_real(alpha, "alpha", minimum=0.0)
+        self.beta = validate_real(beta, "beta")
         self.gradient_norms = (None if gradient_norms is None
                                else _check_norms(gradient_norms, None))
 
@@ -219,16 +219,3 @@ def _check_norms(gradient_norms, m: int | None) -> np.ndarray:
         )
     g.setflags(write=False)
     return g
-
-
-def _finite_float(value, name: str, *, minimum: float | None = None) -> float:
-    if isinstance(value, (bool, np.bool_)):
-        raise SeraOptError(f"{name} must be a finite number, got {value!r}.")
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        raise SeraOptError(f"{name} must be a finite number, got {value!r}.") from None
-    if not np.isfinite(out) or (minimum is not None and out < minimum):
-        bound = "" if minimum is None else f" and >= {minimum:g}"
-        raise SeraOptError(f"{name} must be finite{bound}, got {value!r}.")
-    return out

@@ -1131,8 +1131,8 @@ def _solve_closed(kind, p0, p1, p2, c, lo, hi, spare, stats):
     """The engine for max-sum kinds whose crossings are known in closed form.
 
     No per-row state between passes: a strided subsample solved exactly gives the
-    first trial value; secant steps on the count (safeguarded by bisection on the
-    bit order of the value) narrow the bracket ``(b, a]`` with ``C(a) <= spare <=
+    first trial values; regula falsi on the count (alternating with bisection on the
+    bit order of the value) narrows the bracket ``(b, a]`` with ``C(a) <= spare <=
     C(b)``, each step one read-only pass; then one pass writes the counts at ``a``
     and collects the gains in the bracket, and the remaining ones are selected
     exactly (ties: fewer rollouts first, then the lower index).
@@ -1167,9 +1167,7 @@ def _solve_closed(kind, p0, p1, p2, c, lo, hi, spare, stats):
     c_b = total
     # Trial values from a strided subsample solved exactly for its share of the
     # budget, the share corrected after each full pass by the observed miss (a
-    # Newton step in budget space); then secant steps on the full count.
-    prev_lam = np.nan
-    prev_c = np.int64(0)
+    # Newton step in budget space); then regula falsi alternating with bisection.
     if m >= _SUBSAMPLE_FROM:
         stride = m // _SUBSAMPLE
         sub = np.arange(0, m, stride)
@@ -1203,8 +1201,6 @@ def _solve_closed(kind, p0, p1, p2, c, lo, hi, spare, stats):
             else:
                 key_b = kl
                 c_b = cnt
-            prev_lam = lam
-            prev_c = cnt
             share += _OVERSHOOT * (spare - cnt) * scale
     lam = np.nan
     for it in range(200):

@@ -59,7 +59,14 @@ from typing import ClassVar
 import numpy as np
 
 from ..exceptions import InfeasibleBudgetError, SeraOptError, SolverError
-from ..problem import MAX_BUDGET, _exact_sum, success_rates, validate_count, validate_offset
+from ..problem import (
+    MAX_BUDGET,
+    _exact_sum,
+    success_rates,
+    validate_count,
+    validate_offset,
+    validate_real,
+)
 from . import _tiers
 
 __all__ = [
@@ -136,18 +143,9 @@ def validate_beta_posterior(alpha, beta, m: int | None = None) -> tuple[np.ndarr
 
 def check_alpha(alpha) -> float:
     """The fairness ``alpha`` as a float in ``[0, inf]``, or a :class:`SeraOptError`."""
-    if isinstance(alpha, (bool, np.bool_)):
-        raise SeraOptError(f"alpha must be a number >= 0 (or inf), got {alpha!r}.")
-    try:
-        value = float(alpha)
-    except (TypeError, ValueError):
-        raise SeraOptError(f"alpha must be a number >= 0 (or inf), got {alpha!r}.") from None
-    if not value >= 0:  # also NaN
-        raise SeraOptError(
-            f"alpha must be >= 0 (0 sums the factors, 1 is proportional fairness, inf is "
-            f"SERA's max-min), got {alpha!r}."
-        )
-    return value
+    return validate_real(alpha, "alpha", minimum=0.0, allow_inf=True,
+                         meaning="0 sums the factors, 1 is proportional fairness, inf is SERA's "
+                                 "max-min")
 
 
 # ---------------------------------------------------------------------- objectives
@@ -427,9 +425,7 @@ class RLOOVariance(_KernelObjective):
 
     def __init__(self, success_probs, gamma: float = 7e-4):
         p = _probabilities(success_probs)
-        gamma = float(gamma)
-        if not np.isfinite(gamma) or gamma < 0:
-            raise SeraOptError(f"gamma must be finite and >= 0, got {gamma!r}.")
+        gamma = validate_real(gamma, "gamma", minimum=0.0)
         with np.errstate(divide="ignore", invalid="ignore"):
             bonus = 0.0 - gamma * np.log(p) if gamma > 0 else np.zeros_like(p)
         bonus = np.where(np.isnan(bonus), 0.0, bonus)  # gamma = 0 with p = 0
