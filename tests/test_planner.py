@@ -108,3 +108,85 @@ def test_bad_construction_and_state():
 def test_exported_from_the_package():
     assert sera_opt.RolloutPlanner is RolloutPlanner
     assert sera_opt.SuccessTracker is SuccessTracker
+
+
+def test_a_planner_on_a_users_solver_round_trips():
+    def hardest_first(problem):
+        counts = problem.min_rollouts.copy()
+        order = np.argsort(problem.success_probs, kind="stable")
+        spare = problem.spare_budget
+        for i in order:
+            take = min(spare, int(problem.max_rollouts[i] - counts[i]))
+            counts[i] += take
+            spare -= take
+        return counts
+
+    planner = RolloutPlanner(sera_opt.SERAPolicy(solver=hardest_first, max_rollouts=9),
+                             tracker=warmed_tracker(4))
+    state = pickle.loads(pickle.dumps(planner.state_dict()))
+    assert state["policy"]["options"]["solver"] == {"object": "solver", "name": "hardest_first"}
+    ids = np.arange(5, 15)
+    want = planner.plan(ids, 40).counts
+    # Built the same way, the planner finds the solver it already holds.
+    same = RolloutPlanner(sera_opt.SERAPolicy(solver=hardest_first, max_rollouts=9))
+    np.testing.assert_array_equal(same.load_state_dict(state).plan(ids, 40).counts, want)
+    # Built otherwise, it is told to pass the solver again, and then restores.
+    other = RolloutPlanner("uniform")
+    with pytest.raises(SeraOptError, match="pass it again"):
+        other.load_state_dict(state)
+    assert other.policy.name == "uniform", "a rejected state must leave the planner as it was"
+    other.load_state_dict(state, solver=same.policy.solver)
+    np.testing.assert_array_equal(other.plan(ids, 40).counts, want)
+
+
+def _corruptions(state):
+    """Ways to break a real planner state, each a function of a deep copy."""
+    import copy
+
+    def edit(path, value):
+        def apply(s):
+            s = copy.deepcopy(s)
+            target = s
+            for key in path[:-1]:
+                target = target[key]
+            if value is KeyError:
+                del target[path[-1]]
+            else:
+                target[path[-1]] = value
+            return s
+        return apply
+
+    return {
+        "format": edit(("format",), "sera_opt.RolloutPlanner/9"),
+        "no-policy": edit(("policy",), KeyError),
+        "policy-name": edit(("policy", "name"), "no-such-policy"),
+        "policy-option": edit(("policy", "options", "alpha"), -3.0),
+        "unknown-option": edit(("policy", "options", "gamma"), 1.0),
+        "policy-not-mapping": edit(("policy",), ["sera-fair"]),
+        "tracker-format": edit(("tracker", "format"), "x"),
+        "tracker-nan": edit(("tracker", "successes"), np.array([np.nan] * 40)),
+        "tracker-step": edit(("tracker", "step"), -1),
+        "no-tracker": edit(("tracker",), KeyError),
+    }
+
+
+@pytest.mark.parametrize("kind", sorted(_corruptions({})))
+def test_a_rejected_state_leaves_the_planner_exactly_as_it_was(kind):
+    source = RolloutPlanner("sera-fair", tracker=warmed_tracker(5), alpha=2.0, offset=1)
+    state = source.state_dict()
+    broken = _corruptions(state)[kind](state)
+    planner = RolloutPlanner("hora", tracker=warmed_tracker(6), prior_strength=3.0)
+    before_policy, before_tracker = planner.policy, planner.tracker
+    before = pickle.dumps(planner.state_dict())
+    with pytest.raises(SeraOptError):
+        planner.load_state_dict(broken)
+    assert planner.policy is before_policy and planner.tracker is before_tracker
+    assert pickle.dumps(planner.state_dict()) == before
+    planner.plan([1, 2, 3], 12)  # still usable
+
+
+def test_a_good_state_replaces_both_parts():
+    source = RolloutPlanner("sera-fair", tracker=warmed_tracker(5), alpha=2.0, offset=1)
+    planner = RolloutPlanner("hora").load_state_dict(source.state_dict())
+    assert planner.policy.name == "sera-fair" and planner.policy.alpha == 2.0
+    assert planner.tracker.state_dict()["step"] == source.tracker.state_dict()["step"]
