@@ -47,7 +47,7 @@ def train(
     num_prompts: int = 16,
     prompts_per_batch: int = 8,
     rollouts_per_prompt: int = 8,
-    policy: str = "sera",
+    policy: str | None = None,
     seed: int = 0,
     learning_rate: float = 0.05,
     verbose: bool = True,
@@ -64,8 +64,9 @@ def train(
         Prompts per step, M.
     rollouts_per_prompt : int
         Mean rollouts per prompt; the budget is ``M * rollouts_per_prompt``.
-    policy : {"sera", "uniform"}
-        Allocation policy of the planner.
+    policy : str, optional
+        Allocation policy of the planner (a registered name); None: the library's
+        default (``sera_opt.planner.DEFAULT_POLICY``).
     """
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
@@ -121,7 +122,8 @@ def train(
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--policy", choices=("sera", "uniform"), default="sera")
+    parser.add_argument("--policy", choices=sera_opt.available_policies(), default=None,
+                        help="allocation policy (default: the library's default)")
     parser.add_argument("--seed", type=int, default=0)
     options = parser.parse_args(argv)
     torch.set_num_threads(1)

@@ -17,7 +17,7 @@ the model:
 :func:`maxrl_step` chains the four around a callable that does part 2. A typical
 loop::
 
-    planner = sera_opt.RolloutPlanner("sera", min_rollouts=2, max_rollouts=16)
+    planner = sera_opt.RolloutPlanner(min_rollouts=2, max_rollouts=16)  # the default policy
     for prompt_ids in batches:                      # M distinct prompt ids
         plan = plan_rollouts(planner, prompt_ids, budget=8 * len(prompt_ids))
         completions = my_sampler(plan.row_prompt_ids)          # one per row

@@ -127,10 +127,11 @@ def stable_prompt_id(prompt: Any) -> int:
 def default_planner(estimator: str = "mean_centred", num_generations: int | None = None):
     """The planner :class:`SeraGRPOTrainer` uses when none is given.
 
-    SERA with the offset of the estimator (``c = 1`` for ``"mean_centred"``, whose
-    prompts need at least 2 rollouts to carry any signal, ``c = 0`` for
-    ``"success_average"``), ``min_rollouts`` 2 (1 for ``"success_average"``) and
-    ``max_rollouts = 4 * num_generations`` when ``num_generations`` is given.
+    The library's default policy (:data:`sera_opt.planner.DEFAULT_POLICY`) with the
+    offset of the estimator (``c = 1`` for ``"mean_centred"``, whose prompts need at
+    least 2 rollouts to carry any signal, ``c = 0`` for ``"success_average"``),
+    ``min_rollouts`` 2 (1 for ``"success_average"``) and ``max_rollouts = 4 *
+    num_generations`` when ``num_generations`` is given.
     """
     offset = _common.estimator_offset(estimator)
     options: dict[str, Any] = {
@@ -139,7 +140,7 @@ def default_planner(estimator: str = "mean_centred", num_generations: int | None
     }
     if num_generations is not None:
         options["max_rollouts"] = _common.default_max_rollouts(num_generations)
-    return sera_opt.RolloutPlanner("sera", **options)
+    return sera_opt.RolloutPlanner(**options)
 
 
 def check_grpo_config(

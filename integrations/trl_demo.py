@@ -117,8 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     offset = sera_opt.ESTIMATOR_OFFSETS[options.estimator]
     max_rollouts = options.max_rollouts or 3 * options.num_generations
-    planner = sera_opt.RolloutPlanner(
-        "sera", min_rollouts=1 + offset, max_rollouts=max_rollouts, offset=offset
+    planner = sera_opt.RolloutPlanner(  # the library's default policy
+        min_rollouts=1 + offset, max_rollouts=max_rollouts, offset=offset
     )
     rows = options.prompts_per_step * options.num_generations
     state = {"ok": True}

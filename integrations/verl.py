@@ -164,8 +164,9 @@ class SeraMaxRLConfig:
     success_threshold : float or None
         Count a response as a success when its summed reward is at least this.
         None: rewards must be exactly 0 or 1.
-    policy : str
-        Allocation policy of the planner (:func:`sera_opt.get_policy` names).
+    policy : str or None
+        Allocation policy of the planner (:func:`sera_opt.get_policy` names). None: the
+        library's default (:data:`sera_opt.planner.DEFAULT_POLICY`).
     min_rollouts, max_rollouts : int or None
         Bounds on each prompt's count. None: 2 (mean-centred) or 1 (success-average)
         for the minimum, and 4 x ``actor_rollout_ref.rollout.n`` for the maximum.
@@ -180,7 +181,7 @@ class SeraMaxRLConfig:
     estimator: str = "mean_centred"
     multiplicity_correction: bool = True
     success_threshold: float | None = None
-    policy: str = "sera"
+    policy: str | None = None
     min_rollouts: int | None = None
     max_rollouts: int | None = None
     prompt_key: str = "index"
@@ -214,7 +215,8 @@ class SeraMaxRLConfig:
                 f"algorithm.sera_maxrl.min_rollouts ({self.min_rollouts}) exceeds max_rollouts "
                 f"({self.max_rollouts})."
             )
-        if not isinstance(self.policy, str) or not isinstance(self.prompt_key, str):
+        if not isinstance(self.policy, (str, type(None))) or not isinstance(self.prompt_key,
+                                                                             str):
             raise SeraOptError("algorithm.sera_maxrl.policy and prompt_key must be strings.")
         for name in ("policy_options", "tracker_options"):
             if not isinstance(getattr(self, name), Mapping):

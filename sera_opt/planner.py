@@ -18,14 +18,17 @@ from .policies import AllocationPolicy, get_policy, policy_from_config
 from .result import Allocation
 from .tracking import SuccessTracker
 
-__all__ = ["RolloutPlanner", "DEFAULT_POLICY"]
+__all__ = ["RolloutPlanner", "DEFAULT_POLICY", "DEFAULT_POLICY_OPTIONS"]
 
 _FORMAT = "sera_opt.RolloutPlanner/2"
 # Written before policies had a public configuration: policy name and options apart.
 _FORMAT_V1 = "sera_opt.RolloutPlanner/1"
 
-#: The allocation policy a planner uses when none is named.
+#: The allocation policy a planner uses when none is named, and its options (which
+#: options passed to the planner override). The integrations' default planners and the
+#: examples use it too, so the recommendation lives here alone.
 DEFAULT_POLICY = "sera"
+DEFAULT_POLICY_OPTIONS: dict[str, Any] = {}
 
 
 class RolloutPlanner:
@@ -40,9 +43,9 @@ class RolloutPlanner:
 
     Parameters
     ----------
-    policy : str or AllocationPolicy, default :data:`DEFAULT_POLICY`
+    policy : str or AllocationPolicy, optional
         A registered policy name (see :func:`sera_opt.available_policies`) or
-        an instance.
+        an instance. None: :data:`DEFAULT_POLICY` with :data:`DEFAULT_POLICY_OPTIONS`.
     tracker : SuccessTracker, optional
         Defaults to ``SuccessTracker()`` (fitted prior, no forgetting).
     **policy_options
@@ -50,8 +53,10 @@ class RolloutPlanner:
         ``offset=1``).
     """
 
-    def __init__(self, policy=DEFAULT_POLICY, tracker: SuccessTracker | None = None,
+    def __init__(self, policy=None, tracker: SuccessTracker | None = None,
                  **policy_options: Any):
+        if policy is None:
+            policy, policy_options = DEFAULT_POLICY, {**DEFAULT_POLICY_OPTIONS, **policy_options}
         self.policy: AllocationPolicy = get_policy(policy, **policy_options)
         if tracker is None:
             tracker = SuccessTracker()
