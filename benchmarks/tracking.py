@@ -21,7 +21,8 @@ only through the planner's public API; beside it the policy alone
 over rounds: the mean includes the tracker's periodic O(N) refreshes.
 
 Policies: every policy of this module's family ("knapsack", "vip", "hora",
-"gvm", "sera-bayes"; "sera" and "uniform" for reference) at M in {1024, 65536,
+"gvm", "sera-bayes", "sera-fair" at its default alpha = 1; "sera" and "uniform"
+for reference) at M in {1024, 65536,
 1,000,000}, the setup of ``benchmarks/solvers.py`` (p uniform on (0, 1), budget
 8 per prompt, bounds 1..64), against ``np.sort`` of the same array.
 
@@ -40,10 +41,10 @@ import numpy as np
 
 from sera_opt.benchmarks import _harness
 
-POLICY_NAMES = ("knapsack", "vip", "hora", "gvm", "sera-bayes", "sera", "uniform")
+POLICY_NAMES = ("knapsack", "vip", "hora", "gvm", "sera-bayes", "sera-fair", "sera", "uniform")
 POLICY_SIZES = (1024, 65536, 1_000_000)
 STEP_SIZES = (64, 256, 1024, 4096)
-STEP_POLICIES = ("sera", "sera-bayes")
+STEP_POLICIES = ("sera", "sera-fair", "sera-bayes")
 PER_PROMPT = 8
 MIN_ROLLOUTS = 1
 MAX_ROLLOUTS = 64

@@ -17,16 +17,27 @@ def test_import_loads_no_heavy_dependency():
     assert out.stdout.strip() == "", f"`import sera_opt` loaded: {out.stdout.strip()}"
 
 
-def test_public_names_resolve():
+def test_public_names_resolve_to_the_objects_they_name():
     import sera_opt
+    from sera_opt import api, policies, problem, result, solvers
 
-    for name in ("allocate", "waterline", "attenuation", "Allocation", "AllocationProblem",
-                 "AllocationPolicy", "SERAPolicy", "UniformPolicy", "get_policy", "get_solver",
-                 "SeraOptError"):
-        assert hasattr(sera_opt, name), name
-    lazy = sera_opt._LAZY
-    for name in lazy:
-        assert name in dir(sera_opt)
+    expected = {
+        "allocate": api.allocate, "waterline": api.waterline,
+        "attenuation": problem.attenuation, "AllocationProblem": problem.AllocationProblem,
+        "MAX_BUDGET": problem.MAX_BUDGET, "Allocation": result.Allocation,
+        "AllocationPolicy": policies.AllocationPolicy, "SeparablePolicy": policies.SeparablePolicy,
+        "SERAPolicy": policies.SERAPolicy, "SERAFairPolicy": policies.SERAFairPolicy,
+        "UniformPolicy": policies.UniformPolicy, "get_policy": policies.get_policy,
+        "policy_from_config": policies.policy_from_config,
+        "DEFAULT_MAX_RATIO": policies.DEFAULT_MAX_RATIO, "get_solver": solvers.get_solver,
+        "SeparableObjective": solvers.separable.SeparableObjective,
+        "solve_separable": solvers.separable.solve_separable,
+    }
+    for name, obj in expected.items():
+        assert getattr(sera_opt, name) is obj, name
+    # Every name the package lists in dir() resolves (the lazy ones on first access).
+    missing = [n for n in dir(sera_opt) if not n.startswith("_") and not hasattr(sera_opt, n)]
+    assert not missing, missing
 
 
 def test_unknown_attribute_raises_attribute_error():
