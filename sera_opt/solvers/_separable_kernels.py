@@ -62,6 +62,9 @@ _COLLECT_MIN = 2048
 # above it, from a subsample of _SUBSAMPLE rows.
 _SUBSAMPLE_FROM = 32768
 _SUBSAMPLE = 4096
+# The closed-form kinds start from a subsample from this many rows on (below, the
+# subsample's exact solve costs more than the two gain evaluations a row it saves).
+_CLOSED_SUBSAMPLE_FROM = 32768
 # Newton rounds on the subsample's share, and how far each overshoots the
 # observed miss (so the bracket closes from both sides).
 _NEWTON_ROUNDS = 4
@@ -1149,7 +1152,8 @@ def _solve_closed(kind, p0, p1, p2, c, lo, hi, spare, stats):
     # gain evaluations a row); large ones leave that to the subsample.
     key_a = _key(_INF, fbuf, ibuf)
     key_b = _key(-_INF, fbuf, ibuf) - 1
-    if m < _SUBSAMPLE_FROM:
+    sampled = m >= _CLOSED_SUBSAMPLE_FROM
+    if not sampled:
         top = -_INF
         bottom = _INF
         for i in range(m):
@@ -1168,7 +1172,9 @@ def _solve_closed(kind, p0, p1, p2, c, lo, hi, spare, stats):
     # Trial values from a strided subsample solved exactly for its share of the
     # budget, the share corrected after each full pass by the observed miss (a
     # Newton step in budget space); then regula falsi alternating with bisection.
-    if m >= _SUBSAMPLE_FROM:
+    if sampled:
+        # The subsample's exact threshold is a far better first value than the rows'
+        # extreme gains, which would also cost two gain evaluations a row.
         stride = m // _SUBSAMPLE
         sub = np.arange(0, m, stride)
         lo_s = lo[sub].copy()

@@ -650,6 +650,8 @@ def test_warns_when_the_planner_offset_does_not_match_the_estimator(tmp_path, to
 def test_default_planner_matches_the_estimator(tmp_path):
     for estimator, offset in sera_opt.ESTIMATOR_OFFSETS.items():
         planner = default_planner(estimator, num_generations=4)
+        # The library's recommended default (docs/benchmarks.md's decision), not a copy of it.
+        assert planner.policy.name == sera_opt.planner.DEFAULT_POLICY
         assert planner.policy.offset == offset
         assert planner.policy.min_rollouts == 1 + offset
         assert planner.policy.max_rollouts == 16

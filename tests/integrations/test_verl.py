@@ -831,6 +831,8 @@ def test_options_defaults_and_offsets(sv):
         planner = sv.build_planner(sv.SeraMaxRLConfig(estimator=estimator), mean_count=4)
         assert (planner.policy.min_rollouts, planner.policy.max_rollouts) == bounds
         assert planner.policy.offset == sera_opt.ESTIMATOR_OFFSETS[estimator]
+        # The library's recommended default policy, not a copy of it.
+        assert planner.policy.name == sera_opt.planner.DEFAULT_POLICY
 
 
 @pytest.fixture(scope="module")
