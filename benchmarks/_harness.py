@@ -47,6 +47,7 @@ __all__ = [
     "ArmSpec",
     "ArmSpecError",
     "RESERVED_OPTIONS",
+    "REPORT_ARMS",
     "arm_policy_name",
     "parse_arm",
     "parse_arms",
@@ -62,6 +63,11 @@ __all__ = [
 ]
 
 DEFAULT_OUT = Path("benchmark-results")
+#: The arms of the training experiments' report runs, which decided the library's
+#: default allocation (docs/benchmarks.md, "The decision"); the default arms of
+#: ``sera-opt bench maze`` and ``sera-opt bench arithmetic``.
+REPORT_ARMS = ("uniform", "sera", "hora", "sera-fair:alpha=0", "sera-fair:alpha=1",
+               "sera-fair:alpha=2")
 
 
 def common_parser(name: str, description: str) -> argparse.ArgumentParser:

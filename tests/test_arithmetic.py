@@ -275,8 +275,13 @@ def _tiny(cfg_name="quick", **kw):
 
 def test_report_arms_and_seeds():
     assert arithmetic.PRESETS["default"].seeds == 10
-    cfg = replace(arithmetic.PRESETS["default"], policies=arithmetic.REPORT_ARMS).validate()
+    # the default configuration is the one the report runs used
+    assert arithmetic.PRESETS["default"].policies == arithmetic.REPORT_ARMS
+    cfg = arithmetic.PRESETS["default"].validate()
     assert cfg.policies[0] == "uniform" and len(cfg.policies) == 6
+    # the configurations that check a pipeline include the library's default allocation
+    for name in ("quick", "large"):
+        assert "sera-fair:alpha=1" in arithmetic.PRESETS[name].policies
 
 
 def test_experiment_is_reproducible_from_its_seed(monkeypatch):

@@ -391,6 +391,10 @@ def test_report_arms_build_with_the_report_configurations():
 
     assert maze.REPORT_ARMS[0] == "uniform" and len(maze.REPORT_ARMS) == 6
     assert train.PRESETS["default"].seeds == 16 and train.PRESETS["hard"].seeds == 16
+    # the default configurations are the ones the report runs used, and the quick check
+    # includes the library's default allocation
+    assert train.PRESETS["default"].arms == train.PRESETS["hard"].arms == maze.REPORT_ARMS
+    assert "sera-fair:alpha=1" in train.PRESETS["quick"].arms
     for preset in ("default", "hard"):
         config = replace(train.PRESETS[preset], arms=maze.REPORT_ARMS)
         specs = maze.runner.check_arms(config)

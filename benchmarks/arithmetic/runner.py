@@ -1,9 +1,9 @@
 """Reasoning coverage: a tiny transformer learns addition by MaxRL, uniform versus the policies.
 
-Run as ``sera-opt bench arithmetic`` (10 seeds; a seed's warm start costs about
-30 s of CPU time and each policy about 30 s with its evaluation, so the four
-default policies take about 25 minutes on one core; the runs that decide the
-recommended default pass ``--arms`` with :data:`REPORT_ARMS`),
+Run as ``sera-opt bench arithmetic`` (10 seeds and the six arms of
+:data:`REPORT_ARMS`, the runs that decided the library's default allocation; a
+seed's warm start costs about 30 s of CPU time and each policy about 30 s with
+its evaluation: about 37 minutes of CPU time on one core),
 ``sera-opt bench arithmetic --quick`` (1 seed, under a minute) or
 ``sera-opt bench arithmetic --preset large --device auto`` (the larger
 configuration, meant for a CUDA device). The results and their reading are in
@@ -60,11 +60,7 @@ from sera_opt.exceptions import SeraOptError
 __all__ = ["ExperimentConfig", "PRESETS", "run_experiment", "main"]
 
 NAME = "arithmetic"
-#: The arms of the runs that decide the recommended default (docs/benchmarks.md,
-#: "Choosing the default allocation"): ``sera-opt bench arithmetic --arms`` followed by
-#: ``",".join(REPORT_ARMS)`` (10 seeds, the default).
-REPORT_ARMS = ("uniform", "sera", "hora", "sera-fair:alpha=0", "sera-fair:alpha=1",
-               "sera-fair:alpha=2")
+REPORT_ARMS = _harness.REPORT_ARMS
 
 
 def _summary(cfg: ExperimentConfig, runs: list[dict]) -> dict[str, Any]:
@@ -318,8 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seeds", type=int, default=None, help="number of seeds (override)")
     parser.add_argument("--arms", "--policies", dest="policies", default=None,
                         help="comma-separated arms, each a policy name or "
-                             "name:key=value[:key=value...], including uniform (override; the "
-                             f"report runs use {','.join(REPORT_ARMS)})")
+                             "name:key=value[:key=value...], including uniform (override; default "
+                             f"{','.join(REPORT_ARMS)}, the report runs' arms)")
     parser.add_argument("--rl-steps", type=int, default=None, help="MaxRL steps (override)")
     parser.add_argument("--sft-steps", type=int, default=None, help="warm-start steps (override)")
     return parser

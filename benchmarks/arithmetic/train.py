@@ -47,9 +47,9 @@ class ExperimentConfig:
     sft_check_every: int = 20
     sft_probe_samples: int = 2
     # MaxRL: one run per policy, each a name or a ``name:key=value...`` specification (see
-    # sera_opt.benchmarks._harness.parse_arm); runner.REPORT_ARMS are the arms of the runs
-    # that decide the default
-    policies: tuple[str, ...] = ("uniform", "sera", "knapsack", "hora")
+    # sera_opt.benchmarks._harness.parse_arm); by default the arms of the runs that decided
+    # the library's default allocation (REPORT_ARMS)
+    policies: tuple[str, ...] = _harness.REPORT_ARMS
     rl_steps: int = 400
     prompts_per_step: int = 32
     rollouts_per_prompt: int = 8
@@ -132,12 +132,13 @@ PRESETS: dict[str, ExperimentConfig] = {
     "quick": ExperimentConfig(
         num_train=128, num_test=64, sft_steps=600, rl_steps=40, prompts_per_step=16,
         curve_every=10, curve_samples=4, seeds=1,
+        policies=("uniform", "sera", "sera-fair:alpha=1"),
     ),
     "large": ExperimentConfig(
         max_digits=5, num_train=4096, num_test=1024, d_model=128, n_layers=4,
         sft_steps=4000, sft_batch=256, rl_steps=1000, prompts_per_step=128,
         max_rollouts=64, eval_samples=256, curve_every=50, curve_samples=16, seeds=5,
-        policies=("uniform", "sera", "knapsack", "hora", "sera-bayes"),
+        policies=("uniform", "sera-fair:alpha=1", "sera", "hora", "sera-bayes"),
     ),
 }
 

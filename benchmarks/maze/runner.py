@@ -22,13 +22,13 @@ per-seed difference of every arm to uniform with a 95 % interval (paired t over
 seeds), and the training curves. Writes ``maze.json``, ``maze.png`` (pass@k)
 and ``maze_training.png``.
 
-Presets: ``--quick`` (under a minute), the default (16 seeds; an arm costs
-about 20 s of CPU time per seed and a seed's warm-up 8 s, so the four default
-arms take about 12 minutes with the 2 worker processes on 2 idle cores),
-``--preset hard`` (larger mazes, 4 rollouts per maze, 16 seeds; about 22 s per
-arm and 12 s per warm-up) and ``--preset large`` (for a GPU: ``--device
-cuda``). The runs that decide the recommended default pass ``--arms`` with
-:data:`REPORT_ARMS`. Results are in docs/benchmarks.md.
+Presets: ``--quick`` (under a minute), the default (16 seeds and the six arms
+of :data:`REPORT_ARMS`, the runs that decided the library's default allocation;
+an arm costs about 20 s of CPU time per seed and a seed's warm-up 8 s: about
+31 minutes with the 2 worker processes on 2 shared cores), ``--preset hard``
+(larger mazes, 4 rollouts per maze, 16 seeds; about the same time) and
+``--preset large`` (for a GPU: ``--device cuda``). Results are in
+docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -45,11 +45,7 @@ from sera_opt.exceptions import SeraOptError
 
 NAME = "maze"
 REPORT_KS = (1, 2, 4, 8, 16, 32, 64)
-#: The arms of the runs that decide the recommended default (docs/benchmarks.md,
-#: "Choosing the default allocation"): ``sera-opt bench maze --arms`` followed by
-#: ``",".join(REPORT_ARMS)``, in the default and the hard configuration.
-REPORT_ARMS = ("uniform", "sera", "hora", "sera-fair:alpha=0", "sera-fair:alpha=1",
-               "sera-fair:alpha=2")
+REPORT_ARMS = _harness.REPORT_ARMS
 #: Held-out mazes are grouped by the length of their shortest path (moves).
 PATH_BINS = ((1, 10), (10, 20), (20, 30), (30, 1000))
 BIN_KS = (1, 8, 64)
@@ -67,8 +63,7 @@ def build_parser():
     parser.add_argument("--arms", default=None,
                         help="comma-separated arms, each a policy name or "
                              "name:key=value[:key=value...], including uniform (default: "
-                             "uniform,sera,knapsack,hora; the report runs use "
-                             f"{','.join(REPORT_ARMS)})")
+                             f"{','.join(REPORT_ARMS)}, the report runs' arms)")
     parser.add_argument("--rollouts-per-maze", type=int, default=None,
                         help="average rollouts per maze; the budget per step is this times "
                              "the mazes per step")

@@ -67,9 +67,9 @@ class MazeConfig:
     loss_mode: str = "seq-mean-token-sum"
     multiplicity_correction: bool = True
     tracker_decay: float = 1.0
-    # Arm specifications (see sera_opt.benchmarks._harness.parse_arm); runner.REPORT_ARMS
-    # are the arms of the runs that decide the default.
-    arms: tuple[str, ...] = ("uniform", "sera", "knapsack", "hora")
+    # Arm specifications (see sera_opt.benchmarks._harness.parse_arm); by default the
+    # arms of the runs that decided the library's default allocation (REPORT_ARMS).
+    arms: tuple[str, ...] = _harness.REPORT_ARMS
     # evaluation
     eval_samples: int = 128
     k_max: int = 64
@@ -124,7 +124,7 @@ PRESETS: dict[str, MazeConfig] = {
     "default": MazeConfig(),
     "quick": MazeConfig(num_train=96, num_test=48, warmup_steps=20, steps=30,
                         mazes_per_step=16, eval_samples=64, eval_every=10, seeds=3,
-                        arms=("uniform", "sera", "knapsack")),
+                        arms=("uniform", "sera", "sera-fair:alpha=1")),
     # Larger mazes for the same horizon and half the rollouts: many mazes stay
     # near zero success, the regime where max-min allocation is most exposed.
     "hard": MazeConfig(sizes=(4, 10), horizon=64, rollouts_per_maze=4),
