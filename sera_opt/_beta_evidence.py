@@ -48,6 +48,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ._prompt_index import grown, power_of_two_at_least
 from .exceptions import SeraOptError
 
 __all__ = ["BetaEvidence", "PriorMoments", "fit_beta_prior"]
@@ -131,16 +132,6 @@ def fit_beta_prior(m: PriorMoments, *, fallback_prior, min_prior_strength, max_p
     return mu * strength, (1.0 - mu) * strength
 
 
-def _power_of_two_at_least(n: int) -> int:
-    return 1 << max(6, int(n - 1).bit_length())
-
-
-def _grown(arr: np.ndarray, capacity: int, fill=0) -> np.ndarray:
-    out = np.full(capacity, fill, dtype=arr.dtype)
-    out[:arr.size] = arr
-    return out
-
-
 class BetaEvidence:
     """Per-slot decayed successes and failures, the decay clock and the prior's moments.
 
@@ -199,7 +190,7 @@ class BetaEvidence:
         rows = np.zeros(capacity, dtype=ROW)
         rows[:self.size] = self._rows[:self.size]
         if self._events:
-            self._due = _grown(self._due, 2 * capacity, -1)
+            self._due = grown(self._due, 2 * capacity, -1)
         self._rows = rows
 
     def _ensure_powers(self, length: int) -> None:
@@ -224,7 +215,7 @@ class BetaEvidence:
         lookahead = min(horizon, _LOOKAHEAD_CAP)
         self._ensure_powers(max(t + 2, lookahead + 1))
         if self._events and self._heads.size < lookahead + 2:
-            self._heads = np.full(_power_of_two_at_least(lookahead + 2), -1, dtype=np.int64)
+            self._heads = np.full(power_of_two_at_least(lookahead + 2, minimum_bits=6), -1, dtype=np.int64)
             _kernels().refile_events(self._due, self._calendar, self._heads, self._pool)
 
     def _reserve_events(self, pushes: int) -> None:
@@ -376,9 +367,9 @@ class BetaEvidence:
         that were seen), as for non-dense trackers.
         """
         step = _step_number(step)
-        s = _evidence_array(successes, "successes")
-        f = _evidence_array(failures, "failures")
-        last = _step_array(last_step)
+        s = _state_array(successes, "successes")
+        f = _state_array(failures, "failures")
+        last = _state_array(last_step, "last_step", integer=True)
         n = s.shape[0]
         if f.shape != (n,) or last.shape != (n,):
             raise SeraOptError(
@@ -450,7 +441,7 @@ class BetaEvidence:
                 0.0 <= float(shift) <= 1.0):
             raise SeraOptError(f"{_BAD}: prior_moments.shift must be a number in [0, 1], got "
                                f"{shift!r}.")
-        sums = _evidence_array(stored["sums"], "prior_moments.sums", allow_negative=True)
+        sums = _state_array(stored["sums"], "prior_moments.sums")
         if sums.shape != (10,) or not np.isfinite(sums).all():
             raise SeraOptError(f"{_BAD}: prior_moments.sums must be 10 finite numbers.")
         reference = np.zeros(10, dtype=np.float64)
@@ -509,9 +500,11 @@ def _step_number(value, name: str = "step") -> int:
     return int(value)
 
 
-def _evidence_array(values, name: str, *, allow_negative: bool = False) -> np.ndarray:
+def _state_array(values, name: str, *, integer: bool = False) -> np.ndarray:
+    """A stored 1-D array as float64 (or int64 with ``integer``), or an error naming it."""
+    what = "integers" if integer else "numbers"
     if values is None or isinstance(values, (str, bytes, dict)):
-        raise SeraOptError(f"{_BAD}: {name} must be an array of numbers, got "
+        raise SeraOptError(f"{_BAD}: {name} must be an array of {what}, got "
                            f"{type(values).__name__}.")
     try:
         arr = np.asarray(values)
@@ -519,23 +512,9 @@ def _evidence_array(values, name: str, *, allow_negative: bool = False) -> np.nd
         raise SeraOptError(f"{_BAD}: {name} could not be read as an array: {exc}") from exc
     if arr.ndim != 1:
         raise SeraOptError(f"{_BAD}: {name} must be 1-D, got shape {arr.shape}.")
-    if arr.size and arr.dtype.kind not in "iuf":
-        raise SeraOptError(f"{_BAD}: {name} must hold real numbers, got dtype {arr.dtype}.")
-    return np.array(arr, dtype=np.float64)
-
-
-def _step_array(values) -> np.ndarray:
-    if values is None or isinstance(values, (str, bytes, dict)):
-        raise SeraOptError(f"{_BAD}: last_step must be an array of integers, got "
-                           f"{type(values).__name__}.")
-    try:
-        arr = np.asarray(values)
-    except Exception as exc:
-        raise SeraOptError(f"{_BAD}: last_step could not be read as an array: {exc}") from exc
-    if arr.ndim != 1:
-        raise SeraOptError(f"{_BAD}: last_step must be 1-D, got shape {arr.shape}.")
-    if arr.size and arr.dtype.kind not in "iu":
-        raise SeraOptError(f"{_BAD}: last_step must hold integers, got dtype {arr.dtype}.")
-    if arr.size and arr.dtype.kind == "u" and int(arr.max()) > np.iinfo(np.int64).max:
-        raise SeraOptError(f"{_BAD}: last_step must fit in int64.")
-    return np.array(arr, dtype=np.int64)
+    if arr.size and arr.dtype.kind not in ("iu" if integer else "iuf"):
+        raise SeraOptError(f"{_BAD}: {name} must hold {'integers' if integer else 'real numbers'}, "
+                           f"got dtype {arr.dtype}.")
+    if integer and arr.size and arr.dtype.kind == "u" and int(arr.max()) > np.iinfo(np.int64).max:
+        raise SeraOptError(f"{_BAD}: {name} must fit in int64.")
+    return np.array(arr, dtype=np.int64 if integer else np.float64)

@@ -141,11 +141,13 @@ def parse_prompt_ids(prompt_ids) -> ParsedIds:
     raise SeraOptError(f"prompt_ids must be integers or strings, got dtype {arr.dtype}.")
 
 
-def _power_of_two_at_least(n: int) -> int:
-    return 1 << max(4, int(n - 1).bit_length())
+def power_of_two_at_least(n: int, minimum_bits: int = 4) -> int:
+    """The smallest power of two >= ``n`` and >= ``2 ** minimum_bits`` (a table size)."""
+    return 1 << max(minimum_bits, int(n - 1).bit_length())
 
 
-def _grown(arr: np.ndarray, capacity: int, fill=0) -> np.ndarray:
+def grown(arr: np.ndarray, capacity: int, fill=0) -> np.ndarray:
+    """A copy of ``arr`` with ``capacity`` entries, the new ones set to ``fill``."""
     out = np.full(capacity, fill, dtype=arr.dtype)
     out[:arr.size] = arr
     return out
@@ -232,7 +234,7 @@ class PromptIndex:
 
     def _reserve_keys(self, need: int):
         if need > self._keys.size:
-            self._keys = _grown(self._keys, max(need, 2 * self._keys.size, 1024))
+            self._keys = grown(self._keys, max(need, 2 * self._keys.size, 1024))
 
     def _insert_int(self, ids: np.ndarray, slots: np.ndarray, missing: int):
         k = _kernels()
@@ -241,7 +243,7 @@ class PromptIndex:
             limit = max(_TABLE_MIN, 4 * (self.size + missing))
             if lo >= 0 and hi < limit:
                 if hi >= self._direct.size:
-                    self._direct = _grown(self._direct, max(hi + 1, 2 * self._direct.size), -1)
+                    self._direct = grown(self._direct, max(hi + 1, 2 * self._direct.size), -1)
                 self._reserve_keys(self.size + missing)
                 self.size = int(k.direct_insert(self._direct, self._keys, self.size, ids, slots))
                 return
@@ -254,7 +256,7 @@ class PromptIndex:
         self.size = int(k.int_hash_insert(self._hash, self._keys, self.size, ids, slots))
 
     def _built_hash(self, keys_to_hold: int) -> np.ndarray:
-        table = np.full(2 * _power_of_two_at_least(2 * keys_to_hold), -1, dtype=np.int64)
+        table = np.full(2 * power_of_two_at_least(2 * keys_to_hold), -1, dtype=np.int64)
         _kernels().int_hash_build(table, self._keys, self.size)
         return table
 
@@ -262,16 +264,16 @@ class PromptIndex:
         k = _kernels()
         need = self.size + missing
         if 2 * need > self._str_table.size // 2:
-            table = np.full(2 * _power_of_two_at_least(2 * need), -1, dtype=np.int64)
+            table = np.full(2 * power_of_two_at_least(2 * need), -1, dtype=np.int64)
             k.str_rehash(self._str_table, table)
             self._str_table = table
         if need + 1 > self._offsets.size:
-            self._offsets = _grown(self._offsets, max(need, 2 * self._offsets.size, 1024) + 1)
+            self._offsets = grown(self._offsets, max(need, 2 * self._offsets.size, 1024) + 1)
         lengths = np.empty(rows.shape[0], dtype=np.int64)
         k.row_lengths(rows, lengths)
         chars = int(self._offsets[self.size]) + int(lengths[slots < 0].sum())
         if chars > self._buf.size:
-            self._buf = _grown(self._buf, max(chars, 2 * self._buf.size, 1 << 16))
+            self._buf = grown(self._buf, max(chars, 2 * self._buf.size, 1 << 16))
         self.size = int(k.str_insert(self._str_table, self._offsets, self._buf, self.size, rows,
                                      lengths, slots))
 
@@ -380,6 +382,6 @@ class PromptIndex:
         self._offsets = np.zeros(capacity + 1, dtype=np.int64)
         self._buf = np.zeros(max(int(lengths.sum()), 1 << 16), dtype=np.uint32)
         k.str_pack(rows, lengths, self._offsets, self._buf)
-        self._str_table = np.full(2 * _power_of_two_at_least(2 * size), -1, dtype=np.int64)
+        self._str_table = np.full(2 * power_of_two_at_least(2 * size), -1, dtype=np.int64)
         k.str_build(self._str_table, self._offsets, self._buf, size)
         self.size = size

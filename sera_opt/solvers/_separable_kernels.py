@@ -456,6 +456,25 @@ def _guess(kind, x0, x1, x2, c, lam):
 
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _guessed_start(kind, x0, x1, x2, c, lam, aux, floor, ceil):
+    """The guessed (real) crossing ``g`` of ``gain(k) = lam`` and the integer start of the
+    search it gives, clamped to ``[floor, ceil]`` (``floor`` where ``g`` is NaN)."""
+    if kind == FAIR_LOG:
+        g = _fair_log_crossing(x0, x1, c, lam, aux)
+    elif kind == FAIR_INVERSE:
+        g = _fair_inverse_crossing(x0, x1, c, lam, aux)
+    else:
+        g = _guess(kind, x0, x1, x2, c, lam)
+    if g != g or g <= floor:
+        start = floor
+    elif g >= ceil:
+        start = ceil
+    else:
+        start = np.int64(math.ceil(g))
+    return g, start
+
+
 @njit(cache=True, error_model="numpy")
 def _crossing(kind, x0, x1, x2, c, lam, floor, ceil, start, g_below, g_ceil):
     """First ``k`` in ``[floor, ceil)`` with ``gain(k) <= lam``, else ``ceil``.
@@ -555,18 +574,7 @@ def _count(kind, p0, p1, p2, c, lam, rows, na, a_next, a_last, nb, b_next, b_las
             if bl <= lam:
                 ceil -= 1
                 g_ceil = bl
-            if kind == FAIR_LOG:
-                g = _fair_log_crossing(p0[i], p1[i], c, lam, aux)
-            elif kind == FAIR_INVERSE:
-                g = _fair_inverse_crossing(p0[i], p1[i], c, lam, aux)
-            else:
-                g = _guess(kind, p0[i], p1[i], p2[i], c, lam)
-            if g != g or g <= floor:
-                start = floor
-            elif g >= ceil:
-                start = ceil
-            else:
-                start = np.int64(math.ceil(g))
+            g, start = _guessed_start(kind, p0[i], p1[i], p2[i], c, lam, aux, floor, ceil)
             if (_exact_guess(kind, p2[i]) and math.isfinite(g)
                     and abs(g - math.floor(g + 0.5)) > 1e-9 * (1.0 + abs(g))):
                 # The crossing is known in closed form and is not within rounding of a
@@ -1099,18 +1107,7 @@ def _closed_crossing(kind, x0, x1, x2, c, lam, aux, floor, ceil):
     """First ``k`` in ``[floor, ceil)`` with ``gain(k) <= lam`` (``ceil`` when none), for
     a kind whose crossing is known in closed form: the closed form where it is not
     within rounding of a step, the exact galloping search otherwise."""
-    if kind == FAIR_LOG:
-        g = _fair_log_crossing(x0, x1, c, lam, aux)
-    elif kind == FAIR_INVERSE:
-        g = _fair_inverse_crossing(x0, x1, c, lam, aux)
-    else:
-        g = _guess(kind, x0, x1, x2, c, lam)
-    if g != g or g <= floor:
-        start = floor
-    elif g >= ceil:
-        start = ceil
-    else:
-        start = np.int64(math.ceil(g))
+    g, start = _guessed_start(kind, x0, x1, x2, c, lam, aux, floor, ceil)
     if math.isfinite(g) and abs(g - math.floor(g + 0.5)) > 1e-9 * (1.0 + abs(g)):
         return start
     k, _, _ = _crossing(kind, x0, x1, x2, c, lam, floor, ceil, start, np.nan, np.nan)
