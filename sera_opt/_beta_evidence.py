@@ -48,6 +48,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from . import _jit
 from ._prompt_index import grown, power_of_two_at_least
 from .exceptions import SeraOptError
 
@@ -77,17 +78,8 @@ ROW = np.dtype([("successes", "<f8"), ("failures", "<f8"), ("last_step", "<i8"),
 MAX_BATCH = (1 << 31) - 1
 
 
-_KERNELS = None
-
-
 def _kernels():
-    global _KERNELS
-    if _KERNELS is None:
-        from . import _jit, _tracking_kernels
-
-        _jit.announce_compilation(_tracking_kernels, "update_evidence", "posterior_means", "rebuild_fit")
-        _KERNELS = _tracking_kernels
-    return _KERNELS
+    return _jit.kernels("sera_opt._tracking_kernels")
 
 
 class PriorMoments(NamedTuple):

@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from . import _jit
 from .exceptions import SeraOptError
 
 __all__ = ["ParsedIds", "PromptIndex", "parse_prompt_ids"]
@@ -34,17 +35,8 @@ _TABLE_MIN = 1 << 20
 _MIXED = ("prompt_ids mix strings with other types; use one kind of id (all int or all str).")
 
 
-_KERNELS = None
-
-
 def _kernels():
-    global _KERNELS
-    if _KERNELS is None:
-        from . import _jit, _tracking_kernels
-
-        _jit.announce_compilation(_tracking_kernels, "int_hash_lookup", "str_lookup", "direct_lookup")
-        _KERNELS = _tracking_kernels
-    return _KERNELS
+    return _jit.kernels("sera_opt._tracking_kernels")
 
 
 class ParsedIds(NamedTuple):

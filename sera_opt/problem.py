@@ -20,6 +20,7 @@ from functools import cached_property
 
 import numpy as np
 
+from . import _jit
 from .exceptions import InfeasibleBudgetError, SeraOptError
 
 __all__ = [
@@ -402,13 +403,10 @@ class AllocationProblem:
     def _rates_and_edges(self):
         cache = self.__dict__.get("_rates_cache")
         if cache is None:
-            from . import _jit
-            from .solvers import _waterline_kernels
-
-            _jit.announce_compilation(_waterline_kernels, "rates_from_probs")
+            kernels = _jit.kernels("sera_opt.solvers._waterline_kernels")
             p = np.ascontiguousarray(self.success_probs, dtype=np.float64)
             rates = np.empty(p.shape[0], dtype=np.float64)
-            zeros, infs = _waterline_kernels.rates_from_probs(p, rates)
+            zeros, infs = kernels.rates_from_probs(p, rates)
             cache = self._cache_rates(rates, zeros, infs)
         return cache
 

@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 
 import sera_opt
 from sera_opt import InfeasibleBudgetError, SeraOptError
-from sera_opt.solvers import _separable_kernels as kernels
 from sera_opt.solvers.separable import (
     AlphaFairUtility,
     BetaLevels,

@@ -365,10 +365,15 @@ def test_the_milp_solver_prints_no_banner_into_the_callers_output():
     assert out.stdout == "[2, 6, 16]\n", out.stdout
 
 
-def test_a_first_compilation_is_announced_once_and_a_cached_run_is_quiet(tmp_path):
+@pytest.mark.parametrize("code", [
+    "import sera_opt\nsera_opt.allocate([0.5, 0.2], 6)\nsera_opt.allocate([0.1], 3)\n",
+    # string ids: the kernels for integer ids are never called, so never announced
+    "import sera_opt\nt = sera_opt.SuccessTracker()\nt.update(['a', 'b'], [1, 0])\n"
+    "t.estimate(['a', 'c'])\n",
+], ids=["allocate", "tracker"])
+def test_a_first_compilation_is_announced_once_and_a_cached_run_is_quiet(tmp_path, code):
     from sera_opt._jit import MESSAGE
 
-    code = "import sera_opt\nsera_opt.allocate([0.5, 0.2], 6)\nsera_opt.allocate([0.1], 3)\n"
     env = {"NUMBA_CACHE_DIR": str(tmp_path / "numba-cache")}
     first = _run(code, env)
     assert first.stderr.count(MESSAGE) == 1, first.stderr

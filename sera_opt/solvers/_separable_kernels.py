@@ -42,6 +42,8 @@ import math
 import numpy as np
 from numba import njit
 
+from ._waterline_kernels import take_beyond
+
 # (SERA's own levels a_i (n - c) run on the waterline kernels, _waterline_kernels.py.)
 BETA_LEVELS = 1  # max-min of -log E[(1 - p)^(n - c)], Beta      (sera-bayes)
 KNAPSACK = 2  # max sum (1 - p^n - (1-p)^n) p (1-p)^2             (Knapsack RL)
@@ -837,11 +839,7 @@ def _try_pass(kind, p0, p1, p2, c, spare, lam, st_i, st_f, rows, na, a_next, a_l
     if cnt <= spare:
         st_i[_KEY_A] = kl
         st_i[_CA] = cnt
-        for j in range(rows.shape[0]):
-            i = rows[j]
-            na[i] = w_n[i]
-            a_next[i] = w_next[i]
-            a_last[i] = w_last[i]
+        _keep_rows(rows, w_n, w_next, w_last, na, a_next, a_last)
         st_f[0] = float(spare - cnt)
         if st_i[_SIDE] == 1:
             st_f[1] *= 0.5
@@ -849,16 +847,22 @@ def _try_pass(kind, p0, p1, p2, c, spare, lam, st_i, st_f, rows, na, a_next, a_l
     else:
         st_i[_KEY_B] = kl
         st_i[_CB] = cnt
-        for j in range(rows.shape[0]):
-            i = rows[j]
-            nb[i] = w_n[i]
-            b_next[i] = w_next[i]
-            b_last[i] = w_last[i]
+        _keep_rows(rows, w_n, w_next, w_last, nb, b_next, b_last)
         st_f[1] = float(spare - cnt)
         if st_i[_SIDE] == -1:
             st_f[0] *= 0.5
         st_i[_SIDE] = -1
     return _active(na, nb, rows), cnt
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _keep_rows(rows, w_n, w_next, w_last, n, nxt, last):
+    """Copy the working counts and cached gains of ``rows`` into one bracket end's."""
+    for j in range(rows.shape[0]):
+        i = rows[j]
+        n[i] = w_n[i]
+        nxt[i] = w_next[i]
+        last[i] = w_last[i]
 
 
 @njit(cache=True, error_model="numpy")
@@ -1272,23 +1276,10 @@ def _solve_closed(kind, p0, p1, p2, c, lo, hi, spare, stats):
     if need == 0:
         return counts
     threshold = _kth_largest(vals[:e].copy(), need)
-    above = 0
-    n_tied = 0
-    for f in range(e):
-        if vals[f] > threshold:
-            counts[owner[f]] += 1
-            above += 1
-        elif vals[f] == threshold:
-            n_tied += 1
+    above, band = take_beyond(vals, e, threshold, owner, counts, True)
     left = need - above
     if left == 0:
         return counts
-    band = np.empty(n_tied, dtype=np.int64)
-    t = 0
-    for f in range(e):
-        if vals[f] == threshold:
-            band[t] = f
-            t += 1
     nxt = np.zeros(e, dtype=np.float64)
     _pick_ties(band, left, nxt, step, owner, False, counts)
     return counts

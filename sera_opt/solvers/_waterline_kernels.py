@@ -29,6 +29,30 @@ from numba import njit
 _COLLECT_MIN = 2048
 
 
+@njit(cache=True, inline="always")
+def take_beyond(vals, e, threshold, owner, counts, larger):
+    """One more rollout for ``owner[f]`` for every ``vals[f]`` (``f < e``) strictly beyond
+    ``threshold`` (greater with ``larger``, else smaller). Returns how many were taken and
+    the indices ``f`` of the values equal to it, in order: the tied band, which the
+    caller's tie rule splits. Both exact solvers select their last steps this way."""
+    taken = 0
+    n_tied = 0
+    for f in range(e):
+        v = vals[f]
+        if (v > threshold) if larger else (v < threshold):
+            counts[owner[f]] += 1
+            taken += 1
+        elif v == threshold:
+            n_tied += 1
+    band = np.empty(n_tied, dtype=np.int64)
+    t = 0
+    for f in range(e):
+        if vals[f] == threshold:
+            band[t] = f
+            t += 1
+    return taken, band
+
+
 @njit(cache=True)
 def rates_from_probs(p, out):
     """``out = -log(1 - p)`` (Goldberg's form of ``log1p``: ``p log(w) / (w - 1)`` with
@@ -283,24 +307,12 @@ def _solve_core(rates, lo, hi, uniform, c, extra, hint, hint_slope, counts, ext)
     threshold = np.partition(vals, need - 1)[need - 1]
     # Take every collected pre-level below the threshold (they are each row's next ones,
     # in order); ties at the threshold by rate (larger first), then index.
-    taken = 0
-    n_ties = 0
-    for t in range(f):
-        if vals[t] < threshold:
-            counts[owner[t]] += 1
-            taken += 1
-        elif vals[t] == threshold:
-            n_ties += 1
+    taken, band = take_beyond(vals, f, threshold, owner, counts, False)
     remaining = need - taken
     if remaining == 0:
         return
-    ties = np.empty(n_ties, dtype=np.int64)
-    u = 0
-    for t in range(f):
-        if vals[t] == threshold:
-            ties[u] = owner[t]
-            u += 1
-    if remaining < n_ties:
+    ties = owner[band]
+    if remaining < ties.shape[0]:
         # Stable sort on -rate keeps index order among equal rates (owners are in
         # index order, and a row has at most one pre-level at a given value).
         order = np.argsort(-rates[ties], kind="mergesort")

@@ -58,6 +58,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from .. import _jit
 from ..exceptions import InfeasibleBudgetError, SeraOptError, SolverError
 from ..problem import (
     MAX_BUDGET,
@@ -243,10 +244,7 @@ class SeparableObjective:
         """Counts for the rows ``idx`` (a slice or index array) with bounds ``lo``, ``hi``
         (already restricted to them) and ``spare`` rollouts above ``sum(lo)``."""
         if self._kind is not None:
-            from .. import _jit
-            from . import _separable_kernels as kernels
-
-            _jit.announce_compilation(kernels, "solve")
+            kernels = _jit.kernels("sera_opt.solvers._separable_kernels")
             p0, p1, p2 = (np.ascontiguousarray(x[idx]) for x in self._params())
             return kernels.solve(self._kind, p0, p1, p2, self.offset, lo, hi, spare,
                                  self.sense == "max-min", self._tie_rtol, stats)

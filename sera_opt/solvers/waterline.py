@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 
+from .. import _jit
 from ..problem import AllocationProblem
 from ..result import Allocation
 from . import _tiers
@@ -23,19 +24,8 @@ from .separable import PointLevels
 __all__ = ["WaterlineSolver", "continuous_waterline", "integer_waterline"]
 
 
-_KERNELS = None
-
-
 def _kernels():
-    global _KERNELS
-    if _KERNELS is None:
-        from .. import _jit
-        from . import _waterline_kernels
-
-        _jit.announce_compilation(_waterline_kernels, "linear_solve", "linear_relax",
-                                  "waterline_solve")
-        _KERNELS = _waterline_kernels
-    return _KERNELS
+    return _jit.kernels("sera_opt.solvers._waterline_kernels")
 
 
 def _kernel_bounds(problem: AllocationProblem):
