@@ -182,14 +182,21 @@ def objectives_for(rng, m, *, ties: bool):
                                           for a in (0.0, 1.0, 2.0, 0.5, 8.0)]
 
 
-@pytest.mark.parametrize("m, ties", [(300, False), (300, True), (3000, True)])
+@pytest.mark.parametrize("m, ties", [(300, False), (300, True), (3000, False), (3000, True)])
 def test_fast_path_equals_exhaustive_sort_including_ties(m, ties):
+    from sera_opt.solvers._separable_kernels import _CLOSED_SUBSAMPLE_FROM
+
     rng = np.random.default_rng(m + ties)
     lo = rng.integers(2, 4, m)
     hi = lo + rng.integers(0, 9, m)
     budget = int(rng.integers(lo.sum(), hi.sum() + 1))
     for objective in objectives_for(rng, m, ties=ties):
-        counts = solve_separable(objective, budget, lo, hi)
+        stats = np.zeros(4, dtype=np.int64)
+        counts = solve_separable(objective, budget, lo, hi, stats=stats)
+        if isinstance(objective, AlphaFairUtility) and objective.alpha in (0.0, 1.0, 2.0):
+            # alpha = 0, 1, 2 have closed-form crossings; from _CLOSED_SUBSAMPLE_FROM rows
+            # on their search opens from a subsample
+            assert (stats[3] >= 1) == (m >= _CLOSED_SUBSAMPLE_FROM), stats
         np.testing.assert_array_equal(counts, sorted_reference(objective, budget, lo, hi),
                                       err_msg=type(objective).__name__)
 

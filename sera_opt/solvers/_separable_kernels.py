@@ -64,9 +64,9 @@ _COLLECT_MIN = 2048
 # above it, from a subsample of _SUBSAMPLE rows.
 _SUBSAMPLE_FROM = 32768
 _SUBSAMPLE = 4096
-# The closed-form kinds start from a subsample from this many rows on (below, the
-# subsample's exact solve costs more than the two gain evaluations a row it saves).
-_CLOSED_SUBSAMPLE_FROM = 32768
+# The closed-form kinds start from a subsample (one row in sixteen) from this many rows
+# on; below, from the rows' extreme gains.
+_CLOSED_SUBSAMPLE_FROM = 512
 # Newton rounds on the subsample's share, and how far each overshoots the
 # observed miss (so the bracket closes from both sides).
 _NEWTON_ROUNDS = 4
@@ -1131,15 +1131,136 @@ def _closed_count(kind, p0, p1, p2, c, lo, hi, lam):
 
 
 @njit(cache=True, error_model="numpy")
+def _closed_extremes(kind, p0, p1, p2, c, lo, hi, fbuf, ibuf):
+    """The opening bracket ``(key_b, key_a]`` of a closed-form search: the keys of the
+    rows' largest gain and just below their smallest (two gain evaluations a row)."""
+    top = -_INF
+    bottom = _INF
+    for i in range(lo.shape[0]):
+        if hi[i] > lo[i]:
+            g = gain(kind, p0[i], p1[i], p2[i], c, lo[i])
+            if g > top:
+                top = g
+            g = gain(kind, p0[i], p1[i], p2[i], c, hi[i] - 1)
+            if g < bottom:
+                bottom = g
+    key_b = _key(bottom, fbuf, ibuf) - 1 if bottom > -_INF else _key(-_INF, fbuf, ibuf) - 1
+    return _key(top, fbuf, ibuf), key_b
+
+
+@njit(cache=True, error_model="numpy")
+def _closed_top(kind, p0, p1, p2, c, lo, hi, value_a, value_b):
+    """The largest gain in ``(value_b, value_a]`` (NaN when none): each row's gain at its
+    crossing of ``value_a``, its largest gain not above it. One pass, one gain a row."""
+    aux = _pass_constant(kind, value_a)
+    top = np.nan
+    for i in range(lo.shape[0]):
+        if hi[i] > lo[i]:
+            k = _closed_crossing(kind, p0[i], p1[i], p2[i], c, value_a, aux, lo[i], hi[i])
+            if k < hi[i]:
+                g = gain(kind, p0[i], p1[i], p2[i], c, k)
+                if g > value_b and not g <= top:
+                    top = g
+    return top
+
+
+@njit(cache=True, error_model="numpy")
+def _closed_narrow(kind, p0, p1, p2, c, lo, hi, spare, limit, key_a, key_b, c_a, c_b, fbuf,
+                   ibuf, stats, passes):
+    """Narrow the bracket ``(b, a]``, with ``C(a) <= spare < C(b)``, until it holds at
+    most ``limit`` steps or no value lies strictly inside it (or after ``passes``
+    passes); each step one read-only pass.
+
+    Steps are regula falsi on the count with the Illinois correction (the end kept twice
+    in a row has its miss halved); after two steps that each left more than half the
+    bracket's steps, one bisection on the bit order of the value, so that the keys at
+    least halve every third step whatever the counts do. After two steps that moved
+    neither count (the bracket holds few distinct gains, each many times: tied
+    prompts), ``a`` drops onto the largest gain in the bracket and the next value tried
+    is the float just below it, which closes the bracket on a tied value at once.
+    """
+    f_a = float(c_a - spare)
+    f_b = float(c_b - spare)
+    last = 0  # which end the previous step replaced: 1 for a, 2 for b
+    stalls = 0
+    flat = 0
+    done = 0
+    while done < passes:
+        if c_b - c_a <= limit or key_b >= key_a - 1:
+            break
+        width = c_b - c_a
+        value_a = _unkey(key_a, fbuf, ibuf)
+        value_b = _unkey(key_b, fbuf, ibuf) if key_b >= _key(-_INF, fbuf, ibuf) else -_INF
+        lam = np.nan
+        if flat >= 2:
+            flat = 0
+            top = _closed_top(kind, p0, p1, p2, c, lo, hi, value_a, value_b)
+            stats[0] += 1
+            done += 1
+            if top == top and key_b < _key(top, fbuf, ibuf) <= key_a:
+                key_a = _key(top, fbuf, ibuf)  # no gain lies in (top, a]: C(top) = C(a)
+                lam = np.nextafter(top, -_INF)
+        elif stalls < 2 and math.isfinite(value_a) and math.isfinite(value_b) and f_b > f_a:
+            lam = value_a + (value_b - value_a) * (-f_a) / (f_b - f_a)
+        if not (lam == lam and key_b < _key(lam, fbuf, ibuf) < key_a):
+            if key_b >= key_a - 1:
+                break
+            lam = _unkey((key_a >> 1) + (key_b >> 1) + (key_a & key_b & 1), fbuf, ibuf)
+            stalls = 0
+        cnt = _closed_count(kind, p0, p1, p2, c, lo, hi, lam)
+        stats[0] += 1
+        done += 1
+        moved = cnt != c_a and cnt != c_b
+        if cnt <= spare:
+            key_a = _key(lam, fbuf, ibuf)
+            c_a = cnt
+            f_a = float(cnt - spare)
+            if last == 1:
+                f_b *= 0.5
+            last = 1
+        else:
+            key_b = _key(lam, fbuf, ibuf)
+            c_b = cnt
+            f_b = float(cnt - spare)
+            if last == 2:
+                f_a *= 0.5
+            last = 2
+        stalls = stalls + 1 if 2 * (c_b - c_a) > width else 0
+        flat = 0 if moved else flat + 1
+    return key_a, key_b, c_a, c_b
+
+
+@njit(cache=True, error_model="numpy")
+def _closed_level(kind, p0, p1, p2, c, lo, hi, spare, fbuf, ibuf):
+    """A value near the threshold of ``spare`` rollouts over these rows, from the same
+    closed-form search stopped once its bracket holds an eighth of the rows' steps, or
+    after eight passes (tied gains do not narrow): a trial value for the full problem,
+    so it need not be exact."""
+    total = 0
+    for i in range(lo.shape[0]):
+        total += hi[i] - lo[i]
+    key_a, key_b = _closed_extremes(kind, p0, p1, p2, c, lo, hi, fbuf, ibuf)
+    key_a, key_b, c_a, c_b = _closed_narrow(kind, p0, p1, p2, c, lo, hi, spare,
+                                            max(1, lo.shape[0] >> 3), key_a, key_b, 0,
+                                            total, fbuf, ibuf, np.zeros(1, dtype=np.int64), 8)
+    value_a = _unkey(key_a, fbuf, ibuf)
+    value_b = _unkey(key_b, fbuf, ibuf)
+    if math.isfinite(value_a) and math.isfinite(value_b) and c_b > c_a:
+        return value_a + (value_b - value_a) * (spare - c_a) / (c_b - c_a)
+    return value_a
+
+
+@njit(cache=True, error_model="numpy")
 def _solve_closed(kind, p0, p1, p2, c, lo, hi, spare, stats):
     """The engine for max-sum kinds whose crossings are known in closed form.
 
-    No per-row state between passes: a strided subsample solved exactly gives the
-    first trial values; regula falsi on the count (alternating with bisection on the
-    bit order of the value) narrows the bracket ``(b, a]`` with ``C(a) <= spare <=
-    C(b)``, each step one read-only pass; then one pass writes the counts at ``a``
-    and collects the gains in the bracket, and the remaining ones are selected
-    exactly (ties: fewer rollouts first, then the lower index).
+    No per-row state between passes: above ``_CLOSED_SUBSAMPLE_FROM`` rows, a strided
+    subsample searched the same way gives the first trial values (below, the rows'
+    extreme gains open the bracket); regula falsi on the count (alternating with
+    bisection on the bit order of the value) narrows the bracket ``(b, a]`` with
+    ``C(a) <= spare <= C(b)``, each step one read-only pass; then one pass writes the
+    counts at ``a`` and collects the gains in the bracket, and the remaining ones are
+    selected exactly (ties: fewer rollouts first, then the lower index).
     """
     m = lo.shape[0]
     fbuf = np.empty(1, dtype=np.float64)
@@ -1149,34 +1270,19 @@ def _solve_closed(kind, p0, p1, p2, c, lo, hi, spare, stats):
     for i in range(m):
         total += hi[i] - lo[i]
     # The opening bracket: nothing lies above +inf and everything above the sentinel
-    # key below -inf. Small problems narrow it at once to the rows' extreme gains (two
-    # gain evaluations a row); large ones leave that to the subsample.
+    # key below -inf.
     key_a = _key(_INF, fbuf, ibuf)
     key_b = _key(-_INF, fbuf, ibuf) - 1
-    sampled = m >= _CLOSED_SUBSAMPLE_FROM
-    if not sampled:
-        top = -_INF
-        bottom = _INF
-        for i in range(m):
-            if hi[i] > lo[i]:
-                g = gain(kind, p0[i], p1[i], p2[i], c, lo[i])
-                if g > top:
-                    top = g
-                g = gain(kind, p0[i], p1[i], p2[i], c, hi[i] - 1)
-                if g < bottom:
-                    bottom = g
-        key_a = _key(top, fbuf, ibuf)
-        if bottom > -_INF:
-            key_b = _key(bottom, fbuf, ibuf) - 1
     c_a = 0
     c_b = total
-    # Trial values from a strided subsample solved exactly for its share of the
-    # budget, the share corrected after each full pass by the observed miss (a
-    # Newton step in budget space); then regula falsi alternating with bisection.
-    if sampled:
-        # The subsample's exact threshold is a far better first value than the rows'
-        # extreme gains, which would also cost two gain evaluations a row.
-        stride = m // _SUBSAMPLE
+    if m < _CLOSED_SUBSAMPLE_FROM:
+        key_a, key_b = _closed_extremes(kind, p0, p1, p2, c, lo, hi, fbuf, ibuf)
+    else:
+        # Trial values from a strided subsample (one row in sixteen, at most _SUBSAMPLE)
+        # for its share of the budget, the share corrected after each full pass by the
+        # observed miss (a Newton step in budget space): cheaper than the rows' extreme
+        # gains, two gain evaluations a row, and a far better first value.
+        stride = m // min(_SUBSAMPLE, m >> 4)
         sub = np.arange(0, m, stride)
         lo_s = lo[sub].copy()
         hi_s = hi[sub].copy()
@@ -1195,7 +1301,13 @@ def _solve_closed(kind, p0, p1, p2, c, lo, hi, spare, stats):
             target = np.int64(round(share))
             if target <= 0 or target >= cap_s:
                 break
-            _, lam = _select(kind, q0, q1, q2, c, lo_s, hi_s, target, False, 0.0, sub_stats)
+            if m >= _SUBSAMPLE_FROM:
+                # Exact: with tied gains its threshold is one of the tied values, which
+                # the full bracket then closes on at once.
+                _, lam = _select(kind, q0, q1, q2, c, lo_s, hi_s, target, False, 0.0,
+                                 sub_stats)
+            else:
+                lam = _closed_level(kind, q0, q1, q2, c, lo_s, hi_s, target, fbuf, ibuf)
             stats[3] += 1
             kl = _key(lam, fbuf, ibuf)
             if not (lam == lam and key_b < kl < key_a):
@@ -1209,26 +1321,8 @@ def _solve_closed(kind, p0, p1, p2, c, lo, hi, spare, stats):
                 key_b = kl
                 c_b = cnt
             share += _OVERSHOOT * (spare - cnt) * scale
-    lam = np.nan
-    for it in range(200):
-        if c_b - c_a <= limit or key_b >= key_a - 1:
-            break
-        value_a = _unkey(key_a, fbuf, ibuf)
-        value_b = _unkey(key_b, fbuf, ibuf)
-        if math.isfinite(value_a) and math.isfinite(value_b) and it % 2 == 0:
-            # Regula falsi between the bracket ends (alternating with bisection).
-            lam = value_a + (value_b - value_a) * (spare - c_a) / (c_b - c_a)
-        if not (lam == lam and key_b < _key(lam, fbuf, ibuf) < key_a):
-            lam = _unkey((key_a >> 1) + (key_b >> 1) + (key_a & key_b & 1), fbuf, ibuf)
-        cnt = _closed_count(kind, p0, p1, p2, c, lo, hi, lam)
-        stats[0] += 1
-        if cnt <= spare:
-            key_a = _key(lam, fbuf, ibuf)
-            c_a = cnt
-        else:
-            key_b = _key(lam, fbuf, ibuf)
-            c_b = cnt
-        lam = np.nan
+    key_a, key_b, c_a, c_b = _closed_narrow(kind, p0, p1, p2, c, lo, hi, spare, limit, key_a,
+                                            key_b, c_a, c_b, fbuf, ibuf, stats, 200)
     value_a = _unkey(key_a, fbuf, ibuf)
     value_b = _unkey(key_b, fbuf, ibuf) if key_b >= _key(-_INF, fbuf, ibuf) else -_INF
     below_all = key_b < _key(-_INF, fbuf, ibuf)
