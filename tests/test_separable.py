@@ -193,9 +193,10 @@ def test_fast_path_equals_exhaustive_sort_including_ties(m, ties):
     for objective in objectives_for(rng, m, ties=ties):
         stats = np.zeros(4, dtype=np.int64)
         counts = solve_separable(objective, budget, lo, hi, stats=stats)
-        if isinstance(objective, AlphaFairUtility) and objective.alpha in (0.0, 1.0, 2.0):
-            # alpha = 0, 1, 2 have closed-form crossings; from _CLOSED_SUBSAMPLE_FROM rows
-            # on their search opens from a subsample
+        if isinstance(objective, PointHitUtility) or (
+                isinstance(objective, AlphaFairUtility) and objective.alpha in (0.0, 1.0, 2.0)):
+            # closed-form crossings (the hit utility, alpha = 0, 1, 2): from
+            # _CLOSED_SUBSAMPLE_FROM rows on their search opens from a subsample
             assert (stats[3] >= 1) == (m >= _CLOSED_SUBSAMPLE_FROM), stats
         np.testing.assert_array_equal(counts, sorted_reference(objective, budget, lo, hi),
                                       err_msg=type(objective).__name__)

@@ -282,9 +282,17 @@ def _fair_guess(a, logp, alpha, c, lam):
 
 
 @njit(cache=True, error_model="numpy")
+def _closed_form(kind):
+    """Whether this max-sum kind's crossings are known in closed form for every row, so
+    that :func:`_solve_closed` serves it: the alpha-fair kinds at alpha = 0, 1, 2, and
+    the point hit utility (its log gain ``k log(1 - p) + log p`` is linear in ``k``)."""
+    return kind == FAIR_SUM or kind == FAIR_LOG or kind == FAIR_INVERSE or kind == POINT_HIT
+
+
+@njit(cache=True, error_model="numpy")
 def _exact_guess(kind, x2):
     """Whether :func:`_guess` is the exact crossing (up to rounding) for this kind."""
-    if kind == FAIR_SUM or kind == FAIR_LOG or kind == FAIR_INVERSE:
+    if _closed_form(kind):
         return True
     return kind == ALPHA_FAIR and (x2 == 0.0 or x2 == 1.0)
 
@@ -1131,11 +1139,15 @@ def _closed_count(kind, p0, p1, p2, c, lo, hi, lam):
 
 
 @njit(cache=True, error_model="numpy")
-def _closed_extremes(kind, p0, p1, p2, c, lo, hi, fbuf, ibuf):
-    """The opening bracket ``(key_b, key_a]`` of a closed-form search: the keys of the
-    rows' largest gain and just below their smallest (two gain evaluations a row)."""
+def _closed_extremes(kind, p0, p1, p2, c, lo, hi, spare, total, fbuf, ibuf, stats):
+    """The opening bracket ``(b, a]`` of a closed-form search and its counts ``C(a)``,
+    ``C(b)``: ``a`` the rows' largest gain and ``b`` just below their smallest (two gain
+    evaluations a row). Where some gains are -inf (a prompt that can never succeed),
+    one count pass just below the smallest finite gain tells on which side of it the
+    threshold lies, so that the search never starts from the whole float range."""
     top = -_INF
     bottom = _INF
+    finite_bottom = _INF
     for i in range(lo.shape[0]):
         if hi[i] > lo[i]:
             g = gain(kind, p0[i], p1[i], p2[i], c, lo[i])
@@ -1144,8 +1156,25 @@ def _closed_extremes(kind, p0, p1, p2, c, lo, hi, fbuf, ibuf):
             g = gain(kind, p0[i], p1[i], p2[i], c, hi[i] - 1)
             if g < bottom:
                 bottom = g
-    key_b = _key(bottom, fbuf, ibuf) - 1 if bottom > -_INF else _key(-_INF, fbuf, ibuf) - 1
-    return _key(top, fbuf, ibuf), key_b
+            if -_INF < g < finite_bottom:
+                finite_bottom = g
+    key_a = _key(top, fbuf, ibuf)
+    if bottom > -_INF:
+        return key_a, _key(bottom, fbuf, ibuf) - 1, 0, total
+    key_b = _key(-_INF, fbuf, ibuf) - 1  # the sentinel: every gain lies above it
+    c_a = 0
+    c_b = total
+    if math.isfinite(finite_bottom) and finite_bottom < top:
+        lam = np.nextafter(finite_bottom, -_INF)
+        cnt = _closed_count(kind, p0, p1, p2, c, lo, hi, lam)
+        stats[0] += 1
+        if cnt > spare:
+            key_b = _key(lam, fbuf, ibuf)
+            c_b = cnt
+        else:
+            key_a = _key(lam, fbuf, ibuf)
+            c_a = cnt
+    return key_a, key_b, c_a, c_b
 
 
 @njit(cache=True, error_model="numpy")
@@ -1239,10 +1268,12 @@ def _closed_level(kind, p0, p1, p2, c, lo, hi, spare, fbuf, ibuf):
     total = 0
     for i in range(lo.shape[0]):
         total += hi[i] - lo[i]
-    key_a, key_b = _closed_extremes(kind, p0, p1, p2, c, lo, hi, fbuf, ibuf)
+    passes = np.zeros(1, dtype=np.int64)
+    key_a, key_b, c_a, c_b = _closed_extremes(kind, p0, p1, p2, c, lo, hi, spare, total, fbuf,
+                                              ibuf, passes)
     key_a, key_b, c_a, c_b = _closed_narrow(kind, p0, p1, p2, c, lo, hi, spare,
-                                            max(1, lo.shape[0] >> 3), key_a, key_b, 0,
-                                            total, fbuf, ibuf, np.zeros(1, dtype=np.int64), 8)
+                                            max(1, lo.shape[0] >> 3), key_a, key_b, c_a,
+                                            c_b, fbuf, ibuf, passes, 8)
     value_a = _unkey(key_a, fbuf, ibuf)
     value_b = _unkey(key_b, fbuf, ibuf)
     if math.isfinite(value_a) and math.isfinite(value_b) and c_b > c_a:
@@ -1276,7 +1307,8 @@ def _solve_closed(kind, p0, p1, p2, c, lo, hi, spare, stats):
     c_a = 0
     c_b = total
     if m < _CLOSED_SUBSAMPLE_FROM:
-        key_a, key_b = _closed_extremes(kind, p0, p1, p2, c, lo, hi, fbuf, ibuf)
+        key_a, key_b, c_a, c_b = _closed_extremes(kind, p0, p1, p2, c, lo, hi, spare, total,
+                                                  fbuf, ibuf, stats)
     else:
         # Trial values from a strided subsample (one row in sixteen, at most _SUBSAMPLE)
         # for its share of the budget, the share corrected after each full pass by the
@@ -1321,6 +1353,17 @@ def _solve_closed(kind, p0, p1, p2, c, lo, hi, spare, stats):
                 key_b = kl
                 c_b = cnt
             share += _OVERSHOOT * (spare - cnt) * scale
+        if key_a == _key(_INF, fbuf, ibuf) or key_b < _key(-_INF, fbuf, ibuf):
+            # The subsample left an end open (e.g. its level was -inf): close it on the
+            # rows' extremes rather than bisect the whole float range.
+            top_a, top_b, top_ca, top_cb = _closed_extremes(kind, p0, p1, p2, c, lo, hi,
+                                                            spare, total, fbuf, ibuf, stats)
+            if top_a < key_a:
+                key_a = top_a
+                c_a = top_ca
+            if top_b > key_b:
+                key_b = top_b
+                c_b = top_cb
     key_a, key_b, c_a, c_b = _closed_narrow(kind, p0, p1, p2, c, lo, hi, spare, limit, key_a,
                                             key_b, c_a, c_b, fbuf, ibuf, stats, 200)
     value_a = _unkey(key_a, fbuf, ibuf)
@@ -1439,7 +1482,7 @@ def solve(kind, p0, p1, p2, c, lo, hi, spare, maxmin, tie_rtol, stats):
         return lo.copy()
     if spare >= total:
         return hi.copy()
-    if kind == FAIR_SUM or kind == FAIR_LOG or kind == FAIR_INVERSE:
+    if _closed_form(kind):
         return _solve_closed(kind, p0, p1, p2, c, lo, hi, spare, stats)
     if m < _SUBSAMPLE_FROM:
         counts, _ = _select(kind, p0, p1, p2, c, lo, hi, spare, maxmin, tie_rtol, stats)
