@@ -1208,16 +1208,19 @@ def _closed_narrow(kind, p0, p1, p2, c, lo, hi, spare, limit, key_a, key_b, c_a,
     prompts), ``a`` drops onto the largest gain in the bracket and the next value tried
     is the float just below it, which closes the bracket on a tied value at once.
     """
-    f_a = float(c_a - spare)
-    f_b = float(c_b - spare)
-    last = 0  # which end the previous step replaced: 1 for a, 2 for b
+    # The bracket's ends, a at index 0 and b at 1: their keys, counts C and misses C - spare.
+    keys = np.array([key_a, key_b], dtype=np.int64)
+    counts = np.array([c_a, c_b], dtype=np.int64)
+    miss = np.array([float(c_a - spare), float(c_b - spare)])
+    last = -1  # which end the previous step replaced
     stalls = 0
     flat = 0
     done = 0
     while done < passes:
-        if c_b - c_a <= limit or key_b >= key_a - 1:
+        key_a, key_b = keys[0], keys[1]
+        width = counts[1] - counts[0]
+        if width <= limit or key_b >= key_a - 1:
             break
-        width = c_b - c_a
         value_a = _unkey(key_a, fbuf, ibuf)
         value_b = _unkey(key_b, fbuf, ibuf) if key_b >= _key(-_INF, fbuf, ibuf) else -_INF
         lam = np.nan
@@ -1227,10 +1230,11 @@ def _closed_narrow(kind, p0, p1, p2, c, lo, hi, spare, limit, key_a, key_b, c_a,
             stats[0] += 1
             done += 1
             if top == top and key_b < _key(top, fbuf, ibuf) <= key_a:
-                key_a = _key(top, fbuf, ibuf)  # no gain lies in (top, a]: C(top) = C(a)
+                key_a = keys[0] = _key(top, fbuf, ibuf)  # no gain in (top, a]: C(top) = C(a)
                 lam = np.nextafter(top, -_INF)
-        elif stalls < 2 and math.isfinite(value_a) and math.isfinite(value_b) and f_b > f_a:
-            lam = value_a + (value_b - value_a) * (-f_a) / (f_b - f_a)
+        elif stalls < 2 and math.isfinite(value_a) and math.isfinite(value_b) and \
+                miss[1] > miss[0]:
+            lam = value_a + (value_b - value_a) * (-miss[0]) / (miss[1] - miss[0])
         if not (lam == lam and key_b < _key(lam, fbuf, ibuf) < key_a):
             if key_b >= key_a - 1:
                 break
@@ -1239,24 +1243,17 @@ def _closed_narrow(kind, p0, p1, p2, c, lo, hi, spare, limit, key_a, key_b, c_a,
         cnt = _closed_count(kind, p0, p1, p2, c, lo, hi, lam)
         stats[0] += 1
         done += 1
-        moved = cnt != c_a and cnt != c_b
-        if cnt <= spare:
-            key_a = _key(lam, fbuf, ibuf)
-            c_a = cnt
-            f_a = float(cnt - spare)
-            if last == 1:
-                f_b *= 0.5
-            last = 1
-        else:
-            key_b = _key(lam, fbuf, ibuf)
-            c_b = cnt
-            f_b = float(cnt - spare)
-            if last == 2:
-                f_a *= 0.5
-            last = 2
-        stalls = stalls + 1 if 2 * (c_b - c_a) > width else 0
+        moved = cnt != counts[0] and cnt != counts[1]
+        side = 0 if cnt <= spare else 1
+        keys[side] = _key(lam, fbuf, ibuf)
+        counts[side] = cnt
+        miss[side] = float(cnt - spare)
+        if last == side:
+            miss[1 - side] *= 0.5  # Illinois: the end kept twice in a row
+        last = side
+        stalls = stalls + 1 if 2 * (counts[1] - counts[0]) > width else 0
         flat = 0 if moved else flat + 1
-    return key_a, key_b, c_a, c_b
+    return keys[0], keys[1], counts[0], counts[1]
 
 
 @njit(cache=True, error_model="numpy")
