@@ -1139,6 +1139,21 @@ def _closed_count(kind, p0, p1, p2, c, lo, hi, lam):
 
 
 @njit(cache=True, error_model="numpy")
+def _strided_subsample(p0, p1, p2, lo, hi, stride):
+    """Every ``stride``-th row, whose exact threshold for its share of the budget gives
+    the engines their first trial values: the rows' parameters and bounds (copies), their
+    capacity ``sum(hi - lo)``, and their share of the rows (``scale``)."""
+    sub = np.arange(0, lo.shape[0], stride)
+    lo_s = lo[sub].copy()
+    hi_s = hi[sub].copy()
+    cap_s = 0
+    for j in range(sub.shape[0]):
+        cap_s += hi_s[j] - lo_s[j]
+    return (p0[sub].copy(), p1[sub].copy(), p2[sub].copy(), lo_s, hi_s, cap_s,
+            sub.shape[0] / lo.shape[0])
+
+
+@njit(cache=True, error_model="numpy")
 def _closed_extremes(kind, p0, p1, p2, c, lo, hi, spare, total, fbuf, ibuf, stats):
     """The opening bracket ``(b, a]`` of a closed-form search and its counts ``C(a)``,
     ``C(b)``: ``a`` the rows' largest gain and ``b`` just below their smallest (two gain
@@ -1311,17 +1326,8 @@ def _solve_closed(kind, p0, p1, p2, c, lo, hi, spare, stats):
         # for its share of the budget, the share corrected after each full pass by the
         # observed miss (a Newton step in budget space): cheaper than the rows' extreme
         # gains, two gain evaluations a row, and a far better first value.
-        stride = m // min(_SUBSAMPLE, m >> 4)
-        sub = np.arange(0, m, stride)
-        lo_s = lo[sub].copy()
-        hi_s = hi[sub].copy()
-        q0 = p0[sub].copy()
-        q1 = p1[sub].copy()
-        q2 = p2[sub].copy()
-        cap_s = 0
-        for j in range(sub.shape[0]):
-            cap_s += hi_s[j] - lo_s[j]
-        scale = sub.shape[0] / m
+        q0, q1, q2, lo_s, hi_s, cap_s, scale = _strided_subsample(
+            p0, p1, p2, lo, hi, m // min(_SUBSAMPLE, m >> 4))
         share = spare * scale
         sub_stats = np.zeros(3, dtype=np.int64)
         for _ in range(_NEWTON_ROUNDS):
@@ -1485,18 +1491,8 @@ def solve(kind, p0, p1, p2, c, lo, hi, spare, maxmin, tie_rtol, stats):
         counts, _ = _select(kind, p0, p1, p2, c, lo, hi, spare, maxmin, tie_rtol, stats)
         return counts
     limit = max(_COLLECT_MIN, m >> 3)
-    stride = m // _SUBSAMPLE
-    sub = np.arange(0, m, stride)
-    ms = sub.shape[0]
-    lo_s = lo[sub].copy()
-    hi_s = hi[sub].copy()
-    q0 = p0[sub].copy()
-    q1 = p1[sub].copy()
-    q2 = p2[sub].copy()
-    cap_s = 0
-    for j in range(ms):
-        cap_s += hi_s[j] - lo_s[j]
-    scale = ms / m
+    q0, q1, q2, lo_s, hi_s, cap_s, scale = _strided_subsample(p0, p1, p2, lo, hi,
+                                                              m // _SUBSAMPLE)
     st_i, st_f, rows, na, a_next, a_last, nb, b_next, b_last, w_n, w_g = _init_state(
         kind, p0, p1, p2, c, lo, hi, False)
     share = spare * scale
