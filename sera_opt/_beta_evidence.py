@@ -49,6 +49,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from . import _jit
+from ._arrays import one_d
 from ._prompt_index import grown, power_of_two_at_least
 from .exceptions import SeraOptError
 
@@ -498,12 +499,7 @@ def _state_array(values, name: str, *, integer: bool = False) -> np.ndarray:
     if values is None or isinstance(values, (str, bytes, dict)):
         raise SeraOptError(f"{_BAD}: {name} must be an array of {what}, got "
                            f"{type(values).__name__}.")
-    try:
-        arr = np.asarray(values)
-    except Exception as exc:
-        raise SeraOptError(f"{_BAD}: {name} could not be read as an array: {exc}") from exc
-    if arr.ndim != 1:
-        raise SeraOptError(f"{_BAD}: {name} must be 1-D, got shape {arr.shape}.")
+    arr = one_d(values, name, prefix=f"{_BAD}: ")
     if arr.size and arr.dtype.kind not in ("iu" if integer else "iuf"):
         raise SeraOptError(f"{_BAD}: {name} must hold {'integers' if integer else 'real numbers'}, "
                            f"got dtype {arr.dtype}.")

@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from . import _jit
+from ._arrays import one_d
 from .exceptions import SeraOptError
 
 __all__ = ["ParsedIds", "PromptIndex", "parse_prompt_ids"]
@@ -89,12 +90,7 @@ def parse_prompt_ids(prompt_ids) -> ParsedIds:
         )
     if isinstance(prompt_ids, (list, tuple)) and prompt_ids and isinstance(prompt_ids[0], str):
         return ParsedIds("str", _string_rows(_strings_from_list(prompt_ids)))
-    try:
-        arr = np.asarray(prompt_ids)
-    except Exception as exc:
-        raise SeraOptError(f"prompt_ids could not be read as an array: {exc}") from exc
-    if arr.ndim != 1:
-        raise SeraOptError(f"prompt_ids must be 1-D, got shape {arr.shape}.")
+    arr = one_d(prompt_ids, "prompt_ids")
     if arr.size == 0:
         return ParsedIds("empty", np.empty(0, dtype=np.int64))
     kind = arr.dtype.kind

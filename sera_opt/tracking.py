@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ._arrays import one_d
 from ._beta_evidence import BetaEvidence, fit_beta_prior
 from ._prompt_index import PromptIndex, parse_prompt_ids
 from .exceptions import SeraOptError
@@ -218,12 +219,7 @@ class SuccessTracker:
     # ------------------------------------------------------------------ evidence
     def _rewards(self, rewards, n: int) -> np.ndarray:
         """Successes (bool, contiguous) from the rewards of ``n`` rollouts; changes nothing."""
-        try:
-            r = np.asarray(rewards)
-        except Exception as exc:
-            raise SeraOptError(f"rewards could not be read as an array: {exc}") from exc
-        if r.ndim != 1:
-            raise SeraOptError(f"rewards must be 1-D (one per rollout), got shape {r.shape}.")
+        r = one_d(rewards, "rewards", per=" (one per rollout)")
         if r.shape[0] != n:
             raise SeraOptError(
                 f"prompt_ids and rewards must have one entry per rollout each; got {n} ids and "

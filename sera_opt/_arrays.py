@@ -1,0 +1,26 @@
+"""Reading a user's array-like into a 1-D numpy array, with one wording for the two
+ways it can fail (it is not an array at all, or it has the wrong number of axes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .exceptions import SeraOptError
+
+__all__ = ["one_d"]
+
+
+def one_d(values: Any, name: str, *, prefix: str = "", per: str = "") -> np.ndarray:
+    """``np.asarray(values)``, refused with :class:`SeraOptError` unless it is 1-D.
+
+    ``prefix`` opens both messages (what was being read, e.g. a checkpoint); ``per``
+    says what one entry stands for (``" (one per rollout)"``)."""
+    try:
+        arr = np.asarray(values)
+    except Exception as exc:  # ragged lists and the like
+        raise SeraOptError(f"{prefix}{name} could not be read as an array: {exc}") from exc
+    if arr.ndim != 1:
+        raise SeraOptError(f"{prefix}{name} must be 1-D{per}, got shape {arr.shape}.")
+    return arr
