@@ -403,9 +403,16 @@ def test_demo_end_to_end(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "uniform" in out and "SERA(tracker)" in out and "SERA(true p) no cap" in out
     assert "Expected-estimator cosine versus uniform" in out
+    # the library's default allocation is the demo's one peer, shown and judged
+    from sera_opt.planner import DEFAULT_POLICY
+
+    default = al.short_label(f"{al.DEMO_DEFAULT}/tracker")
+    assert al.DEMO_DEFAULT.startswith(DEFAULT_POLICY)
+    assert out.count(default) >= 4, out  # both tables, the legend, the verdict
+    assert f"c=0: {default} above uniform at" in out
     payload = json.loads((tmp_path / "demo.json").read_text())
     assert payload["config"]["budgets"] == [2, 8]
-    assert payload["config"]["peers"] == []
+    assert payload["config"]["peers"] == [al.DEMO_DEFAULT]
 
 
 def test_bench_main_writes_json_and_plot(tmp_path, capsys):

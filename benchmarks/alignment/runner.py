@@ -49,6 +49,7 @@ import numpy as np
 
 from sera_opt.benchmarks import _harness
 from sera_opt.benchmarks.alignment import digits as _digits
+from sera_opt.planner import DEFAULT_POLICY, DEFAULT_POLICY_OPTIONS
 
 __all__ = [
     "AlignmentConfig",
@@ -737,10 +738,15 @@ def plot(payload: dict):
 
 # --------------------------------------------------------------------------- entry points
 
+# The demo's one peer: the library's default allocation (RolloutPlanner's), as an arm.
+DEMO_DEFAULT = DEFAULT_POLICY + "".join(f":{k}={v:g}" for k, v in DEFAULT_POLICY_OPTIONS.items())
+
 DEMO_COLUMNS = {
-    0: ["uniform c=0", "sera/tracker/corrected c=0", "sera/tracker/uncorrected c=0",
-        "sera/true/corrected c=0", "sera/true/corrected/uncapped c=0"],
-    1: ["uniform c=1", "sera/tracker/corrected c=1", "sera/true/corrected/uncapped c=1"],
+    0: ["uniform c=0", f"{DEMO_DEFAULT}/tracker/corrected c=0", "sera/tracker/corrected c=0",
+        "sera/tracker/uncorrected c=0", "sera/true/corrected c=0",
+        "sera/true/corrected/uncapped c=0"],
+    1: ["uniform c=1", f"{DEMO_DEFAULT}/tracker/corrected c=1", "sera/tracker/corrected c=1",
+        "sera/true/corrected/uncapped c=1"],
 }
 
 
@@ -752,16 +758,21 @@ uncorr.          without the multiplicity correction (token-mean weights prompts
 no cap           no maximum count (max_ratio=None); otherwise n_i <= {ratio} x budget/prompt
 With c=1 every policy needs 2 rollouts per prompt, so at 2 rollouts/prompt all coincide."""
 
+DEMO_LEGEND = """\
+{default}: the default allocation (RolloutPlanner's), alpha-fair with {options},
+on the same posterior means; between SERA (alpha = inf) and the plain sum (alpha = 0)."""
 
-def verdict(payload: dict) -> list[str]:
-    """One line per offset: at how many budgets each SERA variant beats uniform (expected cosine)."""
+
+def verdict(payload: dict, extra: tuple[str, ...] = ()) -> list[str]:
+    """One line per offset: at how many budgets each SERA variant (and each method ``extra``
+    names, e.g. ``"sera-fair:alpha=1/tracker/corrected"``) beats uniform (expected cosine)."""
     lines = []
     for c in payload["config"]["offsets"]:
         uniform = {e["budget_per_prompt"]: e["expected_cosine"] for e in payload["results"]
                    if e["method"] == f"uniform c={c}"}
         parts = []
-        for key in (f"sera/tracker/corrected c={c}", f"sera/true/corrected c={c}",
-                    f"sera/true/corrected/uncapped c={c}"):
+        for key in (*(f"{k} c={c}" for k in extra), f"sera/tracker/corrected c={c}",
+                    f"sera/true/corrected c={c}", f"sera/true/corrected/uncapped c={c}"):
             rows = [e for e in payload["results"] if e["method"] == key]
             if not rows:
                 continue
@@ -932,20 +943,24 @@ def demo(argv=None) -> int:
                      for_demo=True)
     args = parser.parse_args(argv)
     config = _config_from(args, QUICK)
-    if args.peers is None:
-        config = replace(config, peers=())
+    chosen = args.peers is not None
+    if not chosen:
+        config = replace(config, peers=(DEMO_DEFAULT,))  # the default allocation beside SERA
     check_peers(config)
     start = time.perf_counter()
     payload = run(config, show_progress=not args.no_progress, sampled=not args.expected_only)
     print("sera-opt demo: how well the MaxRL batch gradient aligns with the exact likelihood")
     print("gradient of a digits classifier (1.0 = same direction).")
     _print_report(payload, sampled=not args.expected_only,
-                  columns=None if config.peers else DEMO_COLUMNS)
+                  columns=None if chosen else DEMO_COLUMNS)
     print()
     print(LEGEND.format(ratio=config.max_ratio))
+    if not chosen:
+        print(DEMO_LEGEND.format(default=short_label(f"{DEMO_DEFAULT}/tracker"), options=", ".join(
+            f"{k} = {v:g}" for k, v in DEFAULT_POLICY_OPTIONS.items())))
     print()
     print("Expected-estimator cosine versus uniform:")
-    for line in verdict(payload):
+    for line in verdict(payload, () if chosen else (f"{DEMO_DEFAULT}/tracker/corrected",)):
         print("  " + line)
     if args.out is not None:
         _harness.write_json(args.out, "demo", payload)
