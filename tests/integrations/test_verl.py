@@ -1441,14 +1441,17 @@ print(json.dumps({
 )
 
 
-def _run_worker(tmp_path, *args, external_modules=True):
+def _run_script(tmp_path, name, source, *args, external_modules=True):
+    """Run ``source`` as ``tmp_path/name`` in a fresh interpreter (with or without the
+    external-module variable, as a Ray worker would); returns its last stdout line as JSON
+    and the whole stdout."""
     import json
     import os
     import subprocess
     import sys
 
-    script = tmp_path / "worker.py"
-    script.write_text(_WORKER_SCRIPT)
+    script = tmp_path / name
+    script.write_text(source)
     env = {key: value for key, value in os.environ.items() if key != "VERL_USE_EXTERNAL_MODULES"}
     if external_modules:
         env["VERL_USE_EXTERNAL_MODULES"] = "sera_opt.integrations.verl"
@@ -1461,7 +1464,12 @@ def _run_worker(tmp_path, *args, external_modules=True):
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return json.loads(result.stdout.strip().splitlines()[-1]), result.stdout
+
+
+def _run_worker(tmp_path, *args, external_modules=True):
+    return _run_script(tmp_path, "worker.py", _WORKER_SCRIPT, *args,
+                       external_modules=external_modules)[0]
 
 
 @pytest.mark.slow  # fresh interpreters that import verl
@@ -1656,29 +1664,15 @@ def test_verls_actor_engine_on_cpu_patches_the_model_and_stops_at_cuda(sv, tmp_p
     fix, which warns once), then stops at its first CUDA call: verl 0.9.1 registers no
     CPU platform and falls back to 'nvidia' (docs/integrations/verl.md, "Where CPU stops").
     """
-    import json
     import os
     import socket
-    import subprocess
-    import sys
 
     _value_head_missing_from_trl()
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = str(probe.getsockname()[1])
-    script = tmp_path / "engine.py"
-    script.write_text(_ENGINE_SCRIPT)
-    env = dict(os.environ, VERL_USE_EXTERNAL_MODULES="sera_opt.integrations.verl")
-    result = subprocess.run(
-        [sys.executable, str(script), str(tmp_path / "model"), port],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    report, stdout = _run_script(tmp_path, "engine.py", _ENGINE_SCRIPT, str(tmp_path / "model"),
+                                 port)
     if report["reached"] == ["engine built", "engine initialized"]:
         pytest.fail("verl's engine initialised on CPU: go further, and update the docs' boundary")
     assert report["device_name"] == "cuda", report  # no GPU here, yet verl picks CUDA
@@ -1689,4 +1683,4 @@ def test_verls_actor_engine_on_cpu_patches_the_model_and_stops_at_cuda(sv, tmp_p
     # apply_monkey_patch ran inside verl's engine, through the fix, and returned.
     assert len(report["sera_notices"]) == 1, report
     assert "AutoModelForCausalLMWithValueHead" in report["sera_notices"][0]
-    assert "Skipping monkey patch for Qwen2ForCausalLM" in result.stdout
+    assert "Skipping monkey patch for Qwen2ForCausalLM" in stdout
