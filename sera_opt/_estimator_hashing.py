@@ -151,7 +151,9 @@ def _numba_round(ids, success, rows, bits, round_index, first_slot, codes):
     """The same round as :func:`_torch_round`, by the fused CPU kernels."""
     import numpy as np
 
-    from . import _estimator_hashing_kernels as kernels
+    from . import _jit
+
+    kernels = _jit.kernels("sera_opt._estimator_hashing_kernels")
 
     multiplier = np.uint64(_MULTIPLIERS_U64[round_index])
     subset = rows is not None

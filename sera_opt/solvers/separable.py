@@ -204,7 +204,7 @@ class SeparableObjective:
         """
         if self._kind is None:
             raise NotImplementedError(f"{type(self).__name__} must implement gains(counts).")
-        from . import _separable_kernels as kernels
+        kernels = _jit.kernels("sera_opt.solvers._separable_kernels")
 
         return kernels.gains_at(self._kind, *self._params(), self.offset, self._counts(counts))
 
@@ -212,7 +212,7 @@ class SeparableObjective:
         """Per-prompt terms at integer ``counts``: levels, utilities or costs (float64)."""
         if self._kind is None:
             raise NotImplementedError(f"{type(self).__name__} must implement terms(counts).")
-        from . import _separable_kernels as kernels
+        kernels = _jit.kernels("sera_opt.solvers._separable_kernels")
 
         return kernels.values(self._kind, *self._params(), self.offset, self._counts(counts))
 
@@ -349,8 +349,7 @@ class BetaLevels(_KernelObjective):
     _tie_rtol = 1e-10
 
     def __init__(self, alpha, beta, offset: int = 0):
-        from . import _separable_kernels as kernels
-
+        kernels = _jit.kernels("sera_opt.solvers._separable_kernels")
         a, b = validate_beta_posterior(alpha, beta)
         super().__init__(a, b, offset=offset)
         self._p2 = kernels.prepare(self._kind, self._p0, self._p1)
@@ -394,8 +393,7 @@ class HitUtility(_KernelObjective):
     _kind = 3
 
     def __init__(self, alpha, beta):
-        from . import _separable_kernels as kernels
-
+        kernels = _jit.kernels("sera_opt.solvers._separable_kernels")
         a, b = validate_beta_posterior(alpha, beta)
         super().__init__(a, b)
         self._p2 = kernels.prepare(self._kind, self._p0, self._p1)
