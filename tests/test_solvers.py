@@ -120,6 +120,36 @@ def test_every_exact_solver_matches_brute_force(solver, problem):
     assert_lex_optimal(problem, alloc.counts, best, solver)
 
 
+@pytest.mark.parametrize("p, budget", [([0.5, 0.5, 0.5], 6), ([0.9999, 0.3, 1e-4, 0.6], 9)])
+def test_a_milp_stage_that_stops_below_its_maximum_is_solved_again(monkeypatch, p, budget):
+    # A MILP solver may stop at a point its tolerances accept but that is not the stage's
+    # maximum (every prompt at its level could still be lifted). The solver then raises
+    # those prompts' bounds and solves the stage again; the answer stays exact.
+    pytest.importorskip("cvxpy")
+    from sera_opt.solvers import milp
+
+    original = milp._StageModel.solve
+    calls = []
+
+    def first_answer_poor(self, lower, upper, free, solver):
+        calls.append(1)
+        if len(calls) > 1:
+            return original(self, lower, upper, free, solver)
+        x = lower.copy()  # all the spare budget on the first free prompts that take it
+        left = self.problem.constraints[1].args[1].value - int(x.sum())
+        for i in np.flatnonzero(free):
+            add = min(int(upper[i] - x[i]), left)
+            x[i] += add
+            left -= add
+        return x
+
+    monkeypatch.setattr(milp._StageModel, "solve", first_answer_poor)
+    problem = AllocationProblem(np.array(p), budget, min_rollouts=1, max_rollouts=6)
+    alloc = sera_opt.get_solver("milp").solve(problem)  # raised SolverError before
+    assert calls
+    assert_lex_optimal(problem, alloc.counts, brute_force(problem), "milp")
+
+
 def test_the_exact_solvers_are_the_expected_ones():
     # A solver losing its flag would silently drop out of the optimality test above.
     assert {"waterline", "greedy", "milp"} <= set(EXACT_SOLVERS)

@@ -170,15 +170,19 @@ def _lexicographic_tier(rates, m_lo, cap, extra, solver: str) -> np.ndarray:
         at_level = rates[idx] * (m_lo[idx] + need) == level
         liftable = idx[at_level & (need < cap[idx])]
         at_level = idx[at_level]
-        # Certificate: had every prompt at t* been liftable within the budget,
-        # t* would not be the maximum.
-        if spare < 0 or at_level.size == 0 or (
-            liftable.size == at_level.size and spare >= liftable.size
-        ):
+        if spare < 0 or at_level.size == 0:
             raise SolverError(
-                f"the MILP's stage optimum {level!r} is not certified (spare budget {spare}); "
+                f"the MILP's stage optimum {level!r} is not feasible (spare budget {spare}); "
                 f"the solver's tolerance may be too loose."
             )
+        if liftable.size == at_level.size and spare >= liftable.size:
+            # Not the maximum: every prompt at t* can be lifted within the budget (the
+            # solver stopped at a point its tolerances accept). The optimum lies above
+            # t*, so these lower bounds hold for it; solve the stage again from them.
+            # Each retry raises a bound, so the stages still end.
+            lower[idx] = need
+            lower[at_level] += 1
+            continue
         lift = liftable[np.argsort(-rates[liftable], kind="stable")[:spare]]
         stuck = np.setdiff1d(at_level, lift, assume_unique=True)
         lower[idx] = need
