@@ -406,7 +406,7 @@ class AllocationProblem:
             kernels = _jit.kernels("sera_opt.solvers._waterline_kernels")
             p = np.ascontiguousarray(self.success_probs, dtype=np.float64)
             rates = np.empty(p.shape[0], dtype=np.float64)
-            zeros, infs = kernels.rates_from_probs(p, rates)
+            zeros, infs, _ = kernels.rates_from_probs(p, rates)  # p is validated
             cache = self._cache_rates(rates, zeros, infs)
         return cache
 

@@ -29,7 +29,7 @@ from numba import njit
 _COLLECT_MIN = 2048
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, inline="always", error_model="numpy")
 def take_beyond(vals, e, threshold, owner, counts, larger):
     """One more rollout for ``owner[f]`` for every ``vals[f]`` (``f < e``) strictly beyond
     ``threshold`` (greater with ``larger``, else smaller). Returns how many were taken and
@@ -53,33 +53,53 @@ def take_beyond(vals, e, threshold, owner, counts, larger):
     return taken, band
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def rates_from_probs(p, out):
     """``out = -log(1 - p)`` (Goldberg's form of ``log1p``: ``p log(w) / (w - 1)`` with
     ``w = fl(1 - p)``, within an ulp of ``log1p``, and ``p`` where ``w`` rounds to 1).
 
     One pass, with ``math.log`` (several times faster than ``log1p``). Returns the
-    numbers of prompts with rate 0 (``p = 0``) and rate inf (``p = 1``).
+    numbers of prompts with rate 0 (``p = 0``) and rate inf (``p = 1``), and of values
+    that are not probabilities (NaN or outside [0, 1]; their rates are meaningless).
     """
+    zeros, infs, bad, _, _, _ = _rates_pass(p, out, False)
+    return zeros, infs, bad
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def _rates_pass(p, out, extremes):
+    """:func:`rates_from_probs`, and with ``extremes`` also the smallest and largest
+    rate and ``sum 1 / rate`` (what :func:`_extremes` needs under scalar bounds)."""
     zeros = 0
     infs = 0
+    bad = 0
+    a_min = np.inf
+    a_max = -np.inf
+    inv_sum = 0.0
     for i in range(p.shape[0]):
         x = p[i]
+        if not (0.0 <= x <= 1.0):
+            bad += 1
         w = 1.0 - x
         d = w - 1.0
         if d == 0.0:
-            out[i] = x
+            a = x
             if x == 0.0:
                 zeros += 1
         elif w == 0.0:
-            out[i] = np.inf
+            a = np.inf
             infs += 1
         else:
-            out[i] = x * math.log(w) / d
-    return zeros, infs
+            a = x * math.log(w) / d
+        out[i] = a
+        if extremes:
+            a_min = min(a_min, a)
+            a_max = max(a_max, a)
+            inv_sum += 1.0 / a
+    return zeros, infs, bad, a_min, a_max, inv_sum
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, inline="always", error_model="numpy")
 def _count_one(a, m, c, level):
     """How many of ``a * (m + k)``, k = 0 .. c-1, lie strictly below ``level``.
 
@@ -101,7 +121,7 @@ def _count_one(a, m, c, level):
     return k
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def count_below(rates, m_lo, cap, level, out):
     """Per prompt, how many pre-levels lie strictly below ``level``; returns the total."""
     total = 0
@@ -112,7 +132,7 @@ def count_below(rates, m_lo, cap, level, out):
     return total
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, inline="always", error_model="numpy")
 def _bounds(lo, hi, uniform, c, i):
     """``(m_lo, cap)`` of prompt ``i``."""
     j = 0 if uniform else i
@@ -122,55 +142,79 @@ def _bounds(lo, hi, uniform, c, i):
 # Without a hint, the integer search starts from the waterline of this many prompts.
 _HINT_SAMPLE = 256
 
-# Prompts are counted in blocks: a first loop that the compiler can vectorize
-# takes each count from one division and a ceiling, a second one settles, with the
-# exact products, the few whose quotient lies within rounding of a step.
+# Prompts are counted in blocks of _BLOCK. A first loop, which the compiler
+# vectorizes, takes each count from one division and a ceiling and settles it with
+# one step each way of the products that the one-at-a-time greedy compares (the
+# quotient is off by less than one step while it is below _EXACT_STEP); a second
+# loop sums the block. Only a block holding a larger quotient is recounted one
+# prompt at a time (:func:`_count_one`).
 _BLOCK = 256
-_NEAR = 1e-9
+_EXACT_STEP = 2.0**50
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, inline="always", error_model="numpy")
+def _settled_count(a, m, cap, level):
+    """:func:`_count_one` for ``m``, ``cap`` given as floats, in straight-line code; exact
+    while ``level / a - m < _EXACT_STEP`` (the second value says whether it is)."""
+    y = level / a - m
+    k = min(max(np.ceil(y), 0.0), cap)
+    k = k - 1.0 if (k > 0.0) & (a * (m + k - 1.0) >= level) else k
+    k = k + 1.0 if (k < cap) & (a * (m + k) < level) else k
+    return k, (y < _EXACT_STEP) | (y - cap > 2.0)
+
+
+@njit(cache=True, error_model="numpy", fastmath={"reassoc"})
+def _block_sum(out, e):
+    """``sum(out[:e])`` of non-negative whole numbers held as floats, exactly. Summed in
+    floats in any order while the total stays below ``2**52`` (every partial sum is
+    then a whole number float64 holds), else again in integers."""
+    total = 0.0
+    for f in range(e):
+        total += out[f]
+    if total < 2.0**52:
+        return np.int64(total)
+    exact = 0
+    for f in range(e):
+        exact += np.int64(out[f])
+    return exact
+
+
+@njit(cache=True, inline="always", error_model="numpy")
 def _block_counts(rates, lo, hi, uniform, c, level, s, e, out):
-    """Counts of pre-levels below ``level`` for prompts ``s..e-1`` into ``out[0:e-s]``;
-    returns their sum."""
-    total = 0
-    near = False
-    for i in range(s, e):
-        j = 0 if uniform else i
-        m = lo[j] - c
-        cap = float(hi[j] - lo[j])
-        y = level / rates[i] - m
-        yc = math.ceil(y)
-        gap = yc - y
-        tol = _NEAR * (abs(y) + m + 1.0)
-        near |= (gap < tol) | (gap > 1.0 - tol)
-        k = np.int64(min(max(yc, 0.0), cap))
-        out[i - s] = k
-        total += k
-    if near:
+    """Counts of pre-levels below ``level`` for prompts ``s..e-1`` into ``out[0:e-s]``
+    (float64 holding whole numbers); returns their sum."""
+    exact = True
+    if uniform:
+        m = float(lo[0] - c)
+        cap = float(hi[0] - lo[0])
+        for i in range(s, e):
+            k, ok = _settled_count(rates[i], m, cap, level)
+            out[i - s] = k
+            exact &= ok
+    else:
+        for i in range(s, e):
+            k, ok = _settled_count(rates[i], float(lo[i] - c), float(hi[i] - lo[i]), level)
+            out[i - s] = k
+            exact &= ok
+    if not exact:
         for i in range(s, e):
             j = 0 if uniform else i
-            m = lo[j] - c
-            k0 = out[i - s]
-            k = _count_one(rates[i], m, hi[j] - lo[j], level)
-            if k != k0:
-                out[i - s] = k
-                total += k - k0
-    return total
+            out[i - s] = _count_one(rates[i], lo[j] - c, hi[j] - lo[j], level)
+    return _block_sum(out, e - s)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _total_below(rates, lo, hi, uniform, c, level):
     """``G(level)``, the number of pre-levels strictly below ``level`` (one read-only pass)."""
     n = rates.shape[0]
-    buf = np.empty(_BLOCK, dtype=np.int64)
+    buf = np.empty(_BLOCK, dtype=np.float64)
     total = 0
     for s in range(0, n, _BLOCK):
         total += _block_counts(rates, lo, hi, uniform, c, level, s, min(s + _BLOCK, n), buf)
     return total
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _extremes(rates, lo, hi, uniform, c):
     """What both searches open with, in one pass: the smallest first pre-level, the
     largest last pre-level and the largest level at the maximum, the total capacity, and
@@ -201,14 +245,14 @@ def _extremes(rates, lo, hi, uniform, c):
     return first, last, top, total, inv_sum, m_sum
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def linear_solve(rates, lo, hi, uniform, c, extra, hint, hint_slope, counts):
     """SERA's greedy on finite positive rates; see :func:`_solve_core`."""
     _solve_core(rates, lo, hi, uniform, c, extra, hint, hint_slope, counts,
                 _extremes(rates, lo, hi, uniform, c))
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _solve_core(rates, lo, hi, uniform, c, extra, hint, hint_slope, counts, ext):
     """SERA's greedy: hand out ``extra`` rollouts one at a time to the lowest level.
 
@@ -223,7 +267,7 @@ def _solve_core(rates, lo, hi, uniform, c, extra, hint, hint_slope, counts, ext)
     over the prompts strictly inside their bounds, when known) or the relaxation's
     all-active root, until the bracket holds few pre-levels; one pass then writes
     the counts at the bracket's lower end and collects the pre-levels inside it,
-    among which ``T`` is selected exactly by a partition.
+    among which ``T`` is selected exactly by a partition (:func:`_collect_select`).
     """
     n = rates.shape[0]
     lo_l, hi_l, _, total, inv_sum, m_sum = ext
@@ -282,29 +326,42 @@ def _solve_core(rates, lo, hi, uniform, c, extra, hint, hint_slope, counts, ext)
             if not (lo_l < nxt < hi_l):
                 break
         level = nxt
-    # One pass: the counts at lo_l, and the pre-levels in [lo_l, hi_l) with their owners.
-    vals = np.empty(g_hi - g_lo, dtype=np.float64)
-    owner = np.empty(g_hi - g_lo, dtype=np.int64)
-    buf = np.empty(_BLOCK, dtype=np.int64)
+    _collect_select(rates, lo, hi, uniform, c, extra, lo_l, hi_l, g_lo, g_hi - g_lo, counts)
+
+
+@njit(cache=True, error_model="numpy")
+def _collect_select(rates, lo, hi, uniform, c, extra, lo_l, hi_l, g_lo, size, counts):
+    """The greedy's counts from a bracket ``[lo_l, hi_l)`` of its threshold, with
+    ``g_lo = G(lo_l) < extra <= G(hi_l) = g_lo + size``: one pass writes the counts at
+    ``lo_l`` and collects the ``size`` pre-levels in the bracket with their owners, and
+    ``T`` is selected among those."""
+    n = rates.shape[0]
+    # One slot of slack: each prompt writes its first pre-level in the bracket before
+    # knowing whether it has one (no branch to mispredict).
+    vals = np.empty(size + 1, dtype=np.float64)
+    owner = np.empty(size + 1, dtype=np.int64)
+    at_lo = np.empty(_BLOCK, dtype=np.float64)
+    at_hi = np.empty(_BLOCK, dtype=np.float64)
     f = 0
     for s in range(0, n, _BLOCK):
         e = min(s + _BLOCK, n)
-        _block_counts(rates, lo, hi, uniform, c, lo_l, s, e, buf)
+        _block_counts(rates, lo, hi, uniform, c, lo_l, s, e, at_lo)
+        _block_counts(rates, lo, hi, uniform, c, hi_l, s, e, at_hi)
         for i in range(s, e):
             j = 0 if uniform else i
             m = lo[j] - c
-            cap = hi[j] - lo[j]
-            k0 = buf[i - s]
+            k0 = np.int64(at_lo[i - s])
+            inside = np.int64(at_hi[i - s]) - k0
             counts[i] = lo[j] + k0
             a = rates[i]
-            if k0 < cap and a * (m + k0) < hi_l:
-                k1 = _count_one(a, m, cap, hi_l)
-                for k in range(k0, k1):
-                    vals[f] = a * (m + k)
-                    owner[f] = i
-                    f += 1
+            vals[f] = a * (m + k0)
+            owner[f] = i
+            for k in range(1, inside):
+                vals[f + k] = a * (m + k0 + k)
+                owner[f + k] = i
+            f += inside
     need = extra - g_lo
-    threshold = np.partition(vals, need - 1)[need - 1]
+    threshold = np.partition(vals[:f], need - 1)[need - 1]
     # Take every collected pre-level below the threshold (they are each row's next ones,
     # in order); ties at the threshold by rate (larger first), then index.
     taken, band = take_beyond(vals, f, threshold, owner, counts, False)
@@ -321,7 +378,42 @@ def _solve_core(rates, lo, hi, uniform, c, extra, hint, hint_slope, counts, ext)
         counts[i] += 1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always", error_model="numpy")
+def _piece(rates, lo, hi, uniform, c, level):
+    """The piece of ``F(L) = sum_i clip(L / a_i - m_lo_i, 0, cap_i)`` that contains
+    ``level``, in one read-only pass: its slope ``sum 1 / a_i`` over the prompts
+    strictly inside their bounds, their ``sum m_lo_i``, the capacity of the prompts at
+    their maximum, and the nearest breakpoints ``left <= level < right``."""
+    slope = 0.0
+    act_m = 0.0
+    full = 0.0
+    left = -np.inf
+    right = np.inf
+    for i in range(rates.shape[0]):
+        m, cap = _bounds(lo, hi, uniform, c, i)
+        if cap == 0:
+            continue
+        a = rates[i]
+        b0 = a * m
+        b1 = a * (m + cap)
+        if level < b0:
+            if b0 < right:
+                right = b0
+        elif level < b1:
+            slope += 1.0 / a
+            act_m += m
+            if b0 > left:
+                left = b0
+            if b1 < right:
+                right = b1
+        else:
+            full += cap
+            if b1 > left:
+                left = b1
+    return slope, act_m, full, left, right
+
+
+@njit(cache=True, error_model="numpy")
 def _relax_root(rates, lo, hi, uniform, c, extra, start, ext):
     """The waterline ``L`` with ``sum_i clip(L / a_i - m_lo_i, 0, cap_i) = extra``, from a
     first guess ``start`` (NaN: the all-active root). Returns ``(L, slope)``, ``slope``
@@ -335,7 +427,6 @@ def _relax_root(rates, lo, hi, uniform, c, extra, start, ext):
     rule, no tolerance). Otherwise the next ``L`` is that root when it lies in
     the bracket, else the bracket's midpoint.
     """
-    n = rates.shape[0]
     lo_l, _, hi_l, total, inv_sum, m_sum = ext
     if total == 0 or extra <= 0.0:
         return (lo_l if total > 0 else 0.0), 0.0
@@ -350,32 +441,7 @@ def _relax_root(rates, lo, hi, uniform, c, extra, start, ext):
     root = level
     slope = 0.0
     for _ in range(400):
-        slope = 0.0
-        act_m = 0.0
-        full = 0.0
-        left = -np.inf
-        right = np.inf
-        for i in range(n):
-            m, cap = _bounds(lo, hi, uniform, c, i)
-            if cap == 0:
-                continue
-            a = rates[i]
-            b0 = a * m
-            b1 = a * (m + cap)
-            if level < b0:
-                if b0 < right:
-                    right = b0
-            elif level < b1:
-                slope += 1.0 / a
-                act_m += m
-                if b0 > left:
-                    left = b0
-                if b1 < right:
-                    right = b1
-            else:
-                full += cap
-                if b1 > left:
-                    left = b1
+        slope, act_m, full, left, right = _piece(rates, lo, hi, uniform, c, level)
         value = slope * level - act_m + full
         if slope > 0.0:
             root = (extra - full + act_m) / slope
@@ -406,7 +472,7 @@ _SUBSAMPLE_FROM = 1024
 _SUBSAMPLE = 4096
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _relax_start(rates, lo, hi, uniform, c, extra):
     n = rates.shape[0]
     if n < _SUBSAMPLE_FROM:
@@ -421,7 +487,7 @@ def _relax_start(rates, lo, hi, uniform, c, extra):
     return start
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _relax_core(rates, lo, hi, uniform, c, extra, relaxed, ext):
     root, slope = _relax_root(rates, lo, hi, uniform, c, extra,
                               _relax_start(rates, lo, hi, uniform, c, extra), ext)
@@ -437,7 +503,7 @@ def _relax_core(rates, lo, hi, uniform, c, extra, relaxed, ext):
     return root, slope
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def linear_relax(rates, lo, hi, uniform, c, extra, relaxed):
     """The continuous waterline: ``x_i(L) = clip(L / a_i - m_lo_i, 0, cap_i)`` with
     ``sum x = extra``; writes ``relaxed = lo + x`` and returns ``(L, slope)`` (see
@@ -446,22 +512,38 @@ def linear_relax(rates, lo, hi, uniform, c, extra, relaxed):
                        _extremes(rates, lo, hi, uniform, c))
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def waterline_solve(p, rates, compute_rates, lo, hi, uniform, c, extra, continuous, counts,
                     relaxed):
     """SERA's whole solve in one call: the rates (when ``compute_rates``; written into
     ``rates``), the relaxation (when ``continuous``; into ``relaxed``) and the integer
-    counts (into ``counts``), sharing one opening pass. Returns ``(level, slope, zeros,
-    infs)``; when some prompt has rate 0 or inf (``zeros`` or ``infs`` positive) it stops
-    after the rates, and the caller serves the edges first (sera_opt.solvers._tiers)."""
-    if compute_rates:
-        zeros, infs = rates_from_probs(p, rates)
-        if zeros > 0 or infs > 0:
-            return np.nan, 0.0, zeros, infs
-    ext = _extremes(rates, lo, hi, uniform, c)
+    counts (into ``counts``), sharing one opening pass. Returns ``(level, zeros, infs,
+    bad)``. It stops after the rates when some value is not a probability (``bad``
+    positive: the caller reports it) or some prompt has rate 0 or inf (``zeros`` or
+    ``infs`` positive: the caller serves the edges first, sera_opt.solvers._tiers)."""
+    n = rates.shape[0]
+    if compute_rates and uniform:
+        # One pass: the rates, and the extremes, which scalar bounds make a function of
+        # the smallest and largest rate (a positive factor keeps the order).
+        zeros, infs, bad, a_min, a_max, inv_sum = _rates_pass(p, rates, True)
+        if zeros > 0 or infs > 0 or bad > 0:
+            return np.nan, zeros, infs, bad
+        m = lo[0] - c
+        cap = hi[0] - lo[0]
+        if cap > 0:
+            ext = (a_min * m, a_max * (m + cap - 1), a_max * (m + cap), n * cap, inv_sum,
+                   float(n * m))
+        else:
+            ext = (np.inf, -np.inf, -np.inf, 0, 0.0, 0.0)
+    else:
+        if compute_rates:
+            zeros, infs, bad = rates_from_probs(p, rates)
+            if zeros > 0 or infs > 0 or bad > 0:
+                return np.nan, zeros, infs, bad
+        ext = _extremes(rates, lo, hi, uniform, c)
     level = np.nan
     slope = 0.0
     if continuous:
         level, slope = _relax_core(rates, lo, hi, uniform, c, float(extra), relaxed, ext)
     _solve_core(rates, lo, hi, uniform, c, extra, level, slope, counts, ext)
-    return level, slope, 0, 0
+    return level, 0, 0, 0

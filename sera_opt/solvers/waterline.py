@@ -126,7 +126,7 @@ def _fused(problem: AllocationProblem, continuous: bool):
         rates = np.empty(m, dtype=np.float64)
     else:
         p = rates = cached[3]  # the writable array behind the read-only view
-    level, _, zeros, infs = kernels.waterline_solve(
+    level, zeros, infs, _ = kernels.waterline_solve(
         p, rates, cached is None, lo, hi, uniform, problem.offset, problem.spare_budget,
         continuous, counts, relaxed)
     if cached is None:
