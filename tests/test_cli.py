@@ -614,13 +614,13 @@ def test_policy_constructor_errors_are_one_line(option, fragments, capsys, monke
 # ----------------------------------------------------------------------------- 10. unforeseen
 
 
-def _boom(self, problem):
+def _boom(self, *args, **kwargs):
     raise RuntimeError("boom\nsecond line")
 
 
 def test_unexpected_failure_is_one_line_with_the_traceback_kept(capsys, monkeypatch, tmp_path):
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
-    monkeypatch.setattr(sera_opt.SERAPolicy, "_allocate", _boom)
+    monkeypatch.setattr(sera_opt.SERAPolicy, "allocate", _boom)
     code, out, err = run(["allocate", "-", "--budget", "12"], capsys, stdin=json.dumps(P),
                          monkeypatch=monkeypatch)
     assert_one_line_error(code, err, "RuntimeError: boom second line", "bug", status=1)
@@ -631,7 +631,7 @@ def test_unexpected_failure_is_one_line_with_the_traceback_kept(capsys, monkeypa
 
 
 def test_traceback_flag_shows_the_traceback(monkeypatch):
-    monkeypatch.setattr(sera_opt.SERAPolicy, "_allocate", _boom)
+    monkeypatch.setattr(sera_opt.SERAPolicy, "allocate", _boom)
     monkeypatch.setattr("sys.stdin", io.StringIO(json.dumps(P)))
     with pytest.raises(RuntimeError, match="boom"):
         main(["--traceback", "allocate", "-", "--budget", "12"])

@@ -456,3 +456,99 @@ def test_a_first_compilation_is_announced_once_and_a_cached_run_is_quiet(tmp_pat
     assert first.stderr.count(MESSAGE) == 1, first.stderr
     second = _run(code, env)
     assert MESSAGE not in second.stderr, second.stderr
+
+
+# ----------------------------------------------------------------------------
+# SERA's batch path (one compiled call) against the general path
+# ----------------------------------------------------------------------------
+
+def _same_allocation(fast, general):
+    np.testing.assert_array_equal(fast.counts, general.counts)
+    assert fast.counts.dtype == np.int64 and not fast.counts.flags.writeable
+    assert (fast.continuous is None) == (general.continuous is None)
+    if general.continuous is not None:
+        np.testing.assert_array_equal(fast.continuous, general.continuous)
+        assert fast.waterline == general.waterline
+    assert fast.solver == general.solver == "waterline"
+    a, b = fast.problem, general.problem
+    assert (a.budget, a.offset, a.capped, a.spare_budget) == (b.budget, b.offset, b.capped,
+                                                              b.spare_budget)
+    np.testing.assert_array_equal(a.min_rollouts, b.min_rollouts)
+    np.testing.assert_array_equal(a.max_rollouts, b.max_rollouts)
+    np.testing.assert_array_equal(a.rates, b.rates)
+    assert not a.success_probs.flags.writeable and not a.has_edges
+    np.testing.assert_array_equal(fast.factors, general.factors)
+    np.testing.assert_array_equal(fast.levels, general.levels)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 700), st.integers(0, 2**32 - 1), st.sampled_from([0, 1]),
+       st.booleans(), st.booleans(), st.booleans())
+def test_the_batch_path_gives_the_general_paths_allocation(m, seed, offset, capped,
+                                                           continuous, tied):
+    rng = np.random.default_rng(seed)
+    p = rng.uniform(1e-6, 1 - 1e-6, m)
+    if tied:  # posterior means of a tracker tie in large groups
+        p = np.round(p * 7) / 8 + 1 / 16
+    lo = 1 + offset + int(rng.integers(0, 3))
+    hi = lo + int(rng.integers(0, 40)) if capped else None
+    budget = int(rng.integers(lo * m, (hi if capped else 4 * lo) * m + 1))
+    policy = sera_opt.get_policy("sera", max_ratio=None, offset=offset, continuous=continuous)
+    fast = policy.allocate(p, budget, min_rollouts=lo, max_rollouts=hi)
+    problem = AllocationProblem(p, budget, min_rollouts=lo, max_rollouts=hi, offset=offset)
+    general = sera_opt.get_solver("waterline").solve(problem, continuous=continuous)
+    _same_allocation(fast, general)
+    if m <= 40 and budget - lo * m <= 200:
+        np.testing.assert_array_equal(fast.counts, greedy_counts(problem))
+
+
+def test_the_batch_path_is_taken_for_a_plain_batch_and_only_then(monkeypatch):
+    from sera_opt.policies import core
+
+    taken = []
+
+    def spy(*args):
+        out = core_batch(*args)
+        taken.append(out is not None)
+        return out
+
+    core_batch = core.allocate_batch
+    monkeypatch.setattr(core, "allocate_batch", spy)
+    p = np.random.default_rng(0).uniform(0.05, 0.95, 64)
+    policy = sera_opt.get_policy("sera")
+    policy.allocate(p, 512)  # the default cap, ceil(4 * 512 / 64)
+    policy.allocate(p, 512, max_rollouts=20)
+    assert taken == [True, True]
+    # Not a plain float64 array, edges, or another solver: the general path.
+    policy.allocate(p.tolist(), 512)
+    policy.allocate(p.astype(np.float32), 512)
+    policy.allocate(p[::2], 256)
+    sera_opt.get_policy("sera", solver="greedy").allocate(p, 512)
+    assert taken == [True, True]
+    edged = p.copy()
+    edged[:2] = (0.0, 1.0)
+    out = policy.allocate(edged, 512)
+    assert taken[-1] is False and out.counts[0] == 32 and out.counts[1] == 1
+
+
+@pytest.mark.parametrize("bad, match", [
+    (np.nan, "non-finite"), (np.inf, "non-finite"), (-0.25, r"must lie in \[0, 1\]"),
+    (1.5, r"must lie in \[0, 1\]")])
+def test_the_batch_path_reports_bad_probabilities_as_the_general_path_does(bad, match):
+    p = np.full(16, 0.5)
+    p[3] = bad
+    with pytest.raises(sera_opt.SeraOptError, match=match) as fast:
+        sera_opt.get_policy("sera").allocate(p, 64)
+    with pytest.raises(sera_opt.SeraOptError) as general:
+        AllocationProblem(p, 64, max_rollouts=16)
+    assert str(fast.value) == str(general.value)
+
+
+@pytest.mark.parametrize("lo, hi, budget, match", [
+    (0, 8, 40, "at least 1"), (2, 1, 40, "max_rollouts must be >="),
+    (1, 8, 7, "infeasible"), (1, 8, 200, "infeasible"), (1, 2**53 + 1, 40, "2\\*\\*53"),
+    (True, 8, 40, "an integer or an array")])
+def test_the_batch_path_reports_bad_bounds_as_the_general_path_does(lo, hi, budget, match):
+    p = np.full(10, 0.5)
+    with pytest.raises(sera_opt.SeraOptError, match=match):
+        sera_opt.get_policy("sera").allocate(p, budget, min_rollouts=lo, max_rollouts=hi)

@@ -5,11 +5,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import numpy as np
+
 from ..problem import AllocationProblem
 from ..result import Allocation
 from ..solvers._tiers import even_increments
 from ..solvers.base import get_solver, is_registered
 from ..solvers.separable import SeparableObjective
+from ..solvers.waterline import WaterlineSolver, allocate_batch
 from .base import DEFAULT_MAX_RATIO, AllocationPolicy, register_policy
 
 __all__ = ["SERAPolicy", "UniformPolicy", "EvenCounts", "uniform_counts"]
@@ -59,6 +62,26 @@ class SERAPolicy(AllocationPolicy):
         self.solver = get_solver(solver)
         self.solver_options = self.solver.check_options(solver_options, stacklevel=2)
         self.exact = self.solver.exact
+
+    def allocate(self, success_probs, budget, *, min_rollouts=None, max_rollouts=None,
+                 **inputs: Any) -> Allocation:
+        # The common batch (a float64 array, whole-number bounds, the waterline solver)
+        # takes one compiled call that validates as it solves; anything else, and any
+        # invalid input, takes the general path.
+        if (not inputs and type(success_probs) is np.ndarray and type(self.solver) is
+                WaterlineSolver and success_probs.dtype == np.float64 and
+                success_probs.ndim == 1 and success_probs.flags.c_contiguous):
+            lo = self.min_rollouts if min_rollouts is None else min_rollouts
+            hi = self.max_rollouts if max_rollouts is None else max_rollouts
+            if hi is None and self.max_ratio is not None:
+                hi = self._ratio_cap(success_probs, budget, lo)
+            if hi is not None or self.max_ratio is None:
+                out = allocate_batch(success_probs, budget, lo, hi, self.offset,
+                                     self.solver_options.get("continuous", True))
+                if out is not None:
+                    return out
+        return super().allocate(success_probs, budget, min_rollouts=min_rollouts,
+                                max_rollouts=max_rollouts, **inputs)
 
     def _allocate(self, problem: AllocationProblem) -> Allocation:
         return self.solver.solve(problem, **self.solver_options)

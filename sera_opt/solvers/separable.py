@@ -298,7 +298,9 @@ class PointLevels(SeparableObjective):
         cached rates. ``hint``, a level near the answer (the continuous waterline), only
         speeds the search up."""
         objective = cls.__new__(cls)
-        SeparableObjective.__init__(objective, problem.num_prompts, problem.offset)
+        # What SeparableObjective.__init__ checks, the problem has validated.
+        objective._m = problem.num_prompts
+        objective.offset = problem.offset
         objective.rates = problem.rates
         objective.hint = float(hint)
         return objective

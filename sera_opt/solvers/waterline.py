@@ -15,13 +15,13 @@ import time
 import numpy as np
 
 from .. import _jit
-from ..problem import AllocationProblem
+from ..problem import MAX_BUDGET, AllocationProblem
 from ..result import Allocation
 from . import _tiers
 from .base import Solver, register_solver
 from .separable import PointLevels
 
-__all__ = ["WaterlineSolver", "continuous_waterline", "integer_waterline"]
+__all__ = ["WaterlineSolver", "allocate_batch", "continuous_waterline", "integer_waterline"]
 
 
 def _kernels():
@@ -134,6 +134,63 @@ def _fused(problem: AllocationProblem, continuous: bool):
     if zeros or infs:
         return None
     return counts, (relaxed if continuous else None), (float(level) if continuous else None)
+
+
+# One-entry bound arrays of the kernels, by value: a batch loop asks for the same
+# few bounds on every call. The kernels only read them.
+_SCALAR_BOUNDS: dict[int, np.ndarray] = {}
+
+
+def _scalar_bound(value: int) -> np.ndarray:
+    arr = _SCALAR_BOUNDS.get(value)
+    if arr is None:
+        if len(_SCALAR_BOUNDS) >= 256:
+            _SCALAR_BOUNDS.clear()
+        arr = _SCALAR_BOUNDS[value] = np.array([value], dtype=np.int64)
+        arr.setflags(write=False)
+    return arr
+
+
+def allocate_batch(p, budget, lo, hi, offset: int, continuous: bool):
+    """SERA's allocation of the common batch in one compiled call: ``p`` a C-contiguous
+    1-D float64 array, ``budget`` and the bounds Python ints (``hi`` None: no cap), no
+    prompt at ``p = 0`` or ``1``. The probabilities are validated in the pass that
+    computes their rates, and the problem is built from what that pass found.
+
+    Returns the :class:`~sera_opt.Allocation` that ``WaterlineSolver`` gives on
+    ``AllocationProblem(p, budget, lo, hi, offset)``, or None when the inputs fall
+    outside this case or are invalid: the general path then runs, and reports bad
+    input with its fix.
+    """
+    start = time.perf_counter()
+    m = p.shape[0]
+    capped = hi is not None
+    if not (type(budget) is int and type(lo) is int and m > 0 and 1 + offset <= lo and
+            lo * m <= budget <= MAX_BUDGET):
+        return None
+    if not capped:
+        hi = lo + (budget - lo * m)
+    elif not (type(hi) is int and lo <= hi <= MAX_BUDGET and budget <= hi * m):
+        return None
+    kernels = _kernels()
+    # Read-only, as the problem holds it: the kernels are compiled for that layout.
+    view = p.view()
+    view.setflags(write=False)
+    rates = np.empty(m, dtype=np.float64)
+    counts = np.empty(m, dtype=np.int64)
+    relaxed = np.empty(m if continuous else 0, dtype=np.float64)
+    level, zeros, infs, bad = kernels.waterline_solve(
+        view, rates, True, _scalar_bound(lo), _scalar_bound(hi), True, offset, budget - lo * m,
+        continuous, counts, relaxed)
+    if zeros or infs or bad:
+        return None
+    problem = AllocationProblem._validated(view, budget, lo, hi, offset, capped)
+    problem._cache_rates(rates, 0, 0)
+    return Allocation._trusted(problem, counts, solver=WaterlineSolver.name,
+                               wall_time=time.perf_counter() - start,
+                               objective=PointLevels.from_problem(problem),
+                               continuous=relaxed if continuous else None,
+                               waterline=float(level) if continuous else None)
 
 
 @register_solver
