@@ -69,5 +69,4 @@ class SERAFairPolicy(SeparablePolicy):
     def objective(self, problem: AllocationProblem):
         if math.isinf(self.alpha):
             return PointLevels.from_problem(problem)
-        return AlphaFairUtility(problem.success_probs, self.alpha, offset=problem.offset,
-                                rates=problem.rates)
+        return AlphaFairUtility.from_problem(problem, self.alpha)

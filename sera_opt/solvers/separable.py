@@ -485,13 +485,24 @@ class AlphaFairUtility(_KernelObjective):
 
     def __init__(self, success_probs, alpha: float = 1.0, offset: int = 0, *, rates=None):
         p = _probabilities(success_probs)
-        alpha = check_alpha(alpha)
+        rates = np.array(success_rates(p) if rates is None else rates, dtype=np.float64)
+        self._setup(p, check_alpha(alpha), validate_offset(offset), rates)
+
+    @classmethod
+    def from_problem(cls, problem, alpha: float = 1.0) -> AlphaFairUtility:
+        """The utility on a validated :class:`~sera_opt.AllocationProblem`, reading its
+        probabilities and cached rates as they are (no second validation or copy)."""
+        objective = cls.__new__(cls)
+        objective._setup(problem.success_probs, check_alpha(alpha), problem.offset,
+                         problem._rates_and_edges()[3])
+        return objective
+
+    def _setup(self, p, alpha, offset, rates):
         if math.isinf(alpha):
             raise SeraOptError(
                 "alpha = inf is SERA's lexicographic max-min: use PointLevels (or the 'sera' "
                 "policy) for it."
             )
-        rates = np.array(success_rates(p) if rates is None else rates, dtype=np.float64)
         self.alpha = alpha
         special = self._SPECIAL.get(alpha)
         if special is not None:
