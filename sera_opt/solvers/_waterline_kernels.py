@@ -66,7 +66,7 @@ def rates_from_probs(p, out):
     return zeros, infs, bad
 
 
-@njit(cache=True, inline="always", error_model="numpy")
+@njit(cache=True, error_model="numpy")
 def _rates_pass(p, out, extremes):
     """:func:`rates_from_probs`, and with ``extremes`` also the smallest and largest
     rate and ``sum 1 / rate`` (what :func:`_extremes` needs under scalar bounds)."""
@@ -152,7 +152,7 @@ _BLOCK = 256
 _EXACT_STEP = 2.0**50
 
 
-@njit(cache=True, inline="always", error_model="numpy")
+@njit(cache=True, error_model="numpy")
 def _settled_count(a, m, cap, level):
     """:func:`_count_one` for ``m``, ``cap`` given as floats, in straight-line code; exact
     while ``level / a - m < _EXACT_STEP`` (the second value says whether it is)."""
@@ -179,7 +179,7 @@ def _block_sum(out, e):
     return exact
 
 
-@njit(cache=True, inline="always", error_model="numpy")
+@njit(cache=True, error_model="numpy")
 def _block_counts(rates, lo, hi, uniform, c, level, s, e, out):
     """Counts of pre-levels below ``level`` for prompts ``s..e-1`` into ``out[0:e-s]``
     (float64 holding whole numbers); returns their sum."""
@@ -378,7 +378,7 @@ def _collect_select(rates, lo, hi, uniform, c, extra, lo_l, hi_l, g_lo, size, co
         counts[i] += 1
 
 
-@njit(cache=True, inline="always", error_model="numpy")
+@njit(cache=True, error_model="numpy")
 def _piece(rates, lo, hi, uniform, c, level):
     """The piece of ``F(L) = sum_i clip(L / a_i - m_lo_i, 0, cap_i)`` that contains
     ``level``, in one read-only pass: its slope ``sum 1 / a_i`` over the prompts

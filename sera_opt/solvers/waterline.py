@@ -28,11 +28,26 @@ def _kernels():
     return _jit.kernels("sera_opt.solvers._waterline_kernels")
 
 
+# One-entry bound arrays of the kernels, by value: a batch loop asks for the same
+# few bounds on every call. The kernels only read them; read-only, like the per-prompt bounds a
+# problem holds, so that both kinds of bounds share one compiled specialization.
+_SCALAR_BOUNDS: dict[int, np.ndarray] = {}
+
+
+def _scalar_bound(value: int) -> np.ndarray:
+    arr = _SCALAR_BOUNDS.get(value)
+    if arr is None:
+        if len(_SCALAR_BOUNDS) >= 256:
+            _SCALAR_BOUNDS.clear()
+        arr = _SCALAR_BOUNDS[value] = np.array([value], dtype=np.int64)
+        arr.setflags(write=False)
+    return arr
+
+
 def _kernel_bounds(problem: AllocationProblem):
     """``(lo, hi, uniform)`` as the kernels take them: one entry each when uniform."""
     if problem.uniform_bounds:
-        return (np.array([problem._lo], dtype=np.int64), np.array([problem._hi], dtype=np.int64),
-                True)
+        return _scalar_bound(problem._lo), _scalar_bound(problem._hi), True
     return (np.ascontiguousarray(problem.min_rollouts), np.ascontiguousarray(problem.max_rollouts),
             False)
 
@@ -134,21 +149,6 @@ def _fused(problem: AllocationProblem, continuous: bool):
     if zeros or infs:
         return None
     return counts, (relaxed if continuous else None), (float(level) if continuous else None)
-
-
-# One-entry bound arrays of the kernels, by value: a batch loop asks for the same
-# few bounds on every call. The kernels only read them.
-_SCALAR_BOUNDS: dict[int, np.ndarray] = {}
-
-
-def _scalar_bound(value: int) -> np.ndarray:
-    arr = _SCALAR_BOUNDS.get(value)
-    if arr is None:
-        if len(_SCALAR_BOUNDS) >= 256:
-            _SCALAR_BOUNDS.clear()
-        arr = _SCALAR_BOUNDS[value] = np.array([value], dtype=np.int64)
-        arr.setflags(write=False)
-    return arr
 
 
 def allocate_batch(p, budget, lo, hi, offset: int, continuous: bool):
