@@ -366,26 +366,10 @@ class AllocationProblem:
         for arr in (lo, hi):
             if not isinstance(arr, int):
                 arr.setflags(write=False)
-        # A read-only view: the caller's array keeps its own flags, and no copy is made.
-        p = p.view()
-        p.setflags(write=False)
-        setattr_ = object.__setattr__
-        setattr_(self, "success_probs", p)
-        setattr_(self, "budget", budget)
-        setattr_(self, "offset", offset)
-        setattr_(self, "capped", capped)
-        setattr_(self, "_lo", lo)
-        setattr_(self, "_hi", hi)
-        setattr_(self, "_spare", budget - lo_total)
+        self._assign(p, budget, offset, capped, lo, hi, budget - lo_total)
 
-    @classmethod
-    def _validated(cls, p: np.ndarray, budget: int, lo: int, hi: int, offset: int,
-                   capped: bool) -> AllocationProblem:
-        """The problem of inputs that a caller has already validated: ``p`` a finite
-        1-D float array in [0, 1], ``offset`` 0 or 1, and Python-int bounds and budget
-        with ``1 + offset <= lo <= hi <= MAX_BUDGET`` and ``lo * M <= budget <= hi * M``
-        (``hi`` being ``lo + budget - lo * M`` when not ``capped``)."""
-        self = object.__new__(cls)
+    def _assign(self, p, budget, offset, capped, lo, hi, spare) -> None:
+        # A read-only view: the caller's array keeps its own flags, and no copy is made.
         if p.flags.writeable:
             p = p.view()
             p.setflags(write=False)
@@ -396,7 +380,17 @@ class AllocationProblem:
         setattr_(self, "capped", capped)
         setattr_(self, "_lo", lo)
         setattr_(self, "_hi", hi)
-        setattr_(self, "_spare", budget - lo * p.shape[0])
+        setattr_(self, "_spare", spare)
+
+    @classmethod
+    def _validated(cls, p: np.ndarray, budget: int, lo: int, hi: int, offset: int,
+                   capped: bool) -> AllocationProblem:
+        """The problem of inputs that a caller has already validated: ``p`` a finite
+        1-D float array in [0, 1], ``offset`` 0 or 1, and Python-int bounds and budget
+        with ``1 + offset <= lo <= hi <= MAX_BUDGET`` and ``lo * M <= budget <= hi * M``
+        (``hi`` being ``lo + budget - lo * M`` when not ``capped``)."""
+        self = object.__new__(cls)
+        self._assign(p, budget, offset, capped, lo, hi, budget - lo * p.shape[0])
         return self
 
     def __setattr__(self, name, value):
