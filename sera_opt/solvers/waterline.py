@@ -125,30 +125,39 @@ def integer_waterline(problem: AllocationProblem, hint: float = math.nan,
                   np.zeros(4, dtype=np.int64))
 
 
+def _one_call(p, rates, compute_rates: bool, lo, hi, uniform: bool, offset: int, spare: int,
+              continuous: bool):
+    """:func:`waterline_solve` with its output arrays: ``(counts, relaxed, level, zeros,
+    infs, bad)``, ``relaxed`` and ``level`` None without ``continuous``."""
+    m = rates.shape[0]
+    counts = np.empty(m, dtype=np.int64)
+    relaxed = np.empty(m if continuous else 0, dtype=np.float64)
+    level, zeros, infs, bad = _kernels().waterline_solve(
+        p, rates, compute_rates, lo, hi, uniform, offset, spare, continuous, counts, relaxed)
+    if not continuous:
+        return counts, None, None, zeros, infs, bad
+    return counts, relaxed, float(level), zeros, infs, bad
+
+
 def _fused(problem: AllocationProblem, continuous: bool):
     """The common case in one compiled call (rates, relaxation, counts); None when some
     prompt has p = 0 or p = 1, which the tiered path serves."""
-    kernels = _kernels()
-    m = problem.num_prompts
     cached = problem.__dict__.get("_rates_cache")
     if cached is not None and (cached[1] or cached[2]):
         return None
-    lo, hi, uniform = _kernel_bounds(problem)
-    counts = np.empty(m, dtype=np.int64)
-    relaxed = np.empty(m if continuous else 0, dtype=np.float64)
     if cached is None:
         p = np.ascontiguousarray(problem.success_probs, dtype=np.float64)
-        rates = np.empty(m, dtype=np.float64)
+        rates = np.empty(problem.num_prompts, dtype=np.float64)
     else:
         p = rates = cached[3]  # the writable array behind the read-only view
-    level, zeros, infs, _ = kernels.waterline_solve(
-        p, rates, cached is None, lo, hi, uniform, problem.offset, problem.spare_budget,
-        continuous, counts, relaxed)
+    counts, relaxed, level, zeros, infs, _ = _one_call(
+        p, rates, cached is None, *_kernel_bounds(problem), problem.offset,
+        problem.spare_budget, continuous)
     if cached is None:
         problem._cache_rates(rates, zeros, infs)
     if zeros or infs:
         return None
-    return counts, (relaxed if continuous else None), (float(level) if continuous else None)
+    return counts, relaxed, level
 
 
 def allocate_batch(p, budget, lo, hi, offset: int, continuous: bool):
@@ -172,16 +181,13 @@ def allocate_batch(p, budget, lo, hi, offset: int, continuous: bool):
         hi = lo + (budget - lo * m)
     elif not (type(hi) is int and lo <= hi <= MAX_BUDGET and budget <= hi * m):
         return None
-    kernels = _kernels()
     # Read-only, as the problem holds it: the kernels are compiled for that layout.
     view = p.view()
     view.setflags(write=False)
     rates = np.empty(m, dtype=np.float64)
-    counts = np.empty(m, dtype=np.int64)
-    relaxed = np.empty(m if continuous else 0, dtype=np.float64)
-    level, zeros, infs, bad = kernels.waterline_solve(
+    counts, relaxed, level, zeros, infs, bad = _one_call(
         view, rates, True, _scalar_bound(lo), _scalar_bound(hi), True, offset, budget - lo * m,
-        continuous, counts, relaxed)
+        continuous)
     if zeros or infs or bad:
         return None
     problem = AllocationProblem._validated(view, budget, lo, hi, offset, capped)
@@ -189,8 +195,7 @@ def allocate_batch(p, budget, lo, hi, offset: int, continuous: bool):
     return Allocation._trusted(problem, counts, solver=WaterlineSolver.name,
                                wall_time=time.perf_counter() - start,
                                objective=PointLevels.from_problem(problem),
-                               continuous=relaxed if continuous else None,
-                               waterline=float(level) if continuous else None)
+                               continuous=relaxed, waterline=level)
 
 
 @register_solver
