@@ -485,8 +485,9 @@ class AlphaFairUtility(_KernelObjective):
 
     def __init__(self, success_probs, alpha: float = 1.0, offset: int = 0, *, rates=None):
         p = _probabilities(success_probs)
+        alpha = check_alpha(alpha)
         rates = np.array(success_rates(p) if rates is None else rates, dtype=np.float64)
-        self._setup(p, check_alpha(alpha), validate_offset(offset), rates)
+        self._setup(p, alpha, offset, rates)  # the offset is checked where it is stored
 
     @classmethod
     def from_problem(cls, problem, alpha: float = 1.0) -> AlphaFairUtility:
