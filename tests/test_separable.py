@@ -202,6 +202,28 @@ def test_fast_path_equals_exhaustive_sort_including_ties(m, ties):
                                       err_msg=type(objective).__name__)
 
 
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), distinct=st.integers(1, 6), m=st.integers(512, 1400))
+def test_closed_form_passes_on_repeated_rows_equal_exhaustive_sort(seed, distinct, m):
+    """Training batches repeat estimates: rows with equal parameters, whose crossings sit
+    exactly on a step at the tied threshold, are settled once per pass (a memo keyed on
+    the parameters and the bounds). Rows with equal parameters but other bounds, and
+    rows whose memo entries collide, must still get their own counts."""
+    rng = np.random.default_rng(seed)
+    values = np.round(rng.uniform(0.02, 0.98, distinct), int(rng.integers(1, 4)))
+    p = values[rng.integers(0, distinct, m)]
+    lo = rng.integers(1, 4, m)
+    hi = lo + rng.integers(0, 12, m)
+    budget = int(rng.integers(lo.sum(), hi.sum() + 1))
+    for objective in [PointHitUtility(p)] + [AlphaFairUtility(p, a, offset=int(rng.integers(0, 2)))
+                                             for a in (0.0, 1.0, 2.0)]:
+        if (lo <= objective.offset).any():
+            continue
+        counts = solve_separable(objective, budget, lo, hi)
+        np.testing.assert_array_equal(counts, sorted_reference(objective, budget, lo, hi),
+                                      err_msg=type(objective).__name__)
+
+
 @pytest.mark.slow
 def test_subsample_path_equals_exhaustive_sort():
     # M >= 32768 takes the subsample-seeded path.

@@ -76,6 +76,11 @@ _INF = np.inf
 # Beta levels with at most this many effective rollouts use the exact product.
 _PRODUCT_MAX = 64
 _SIGN_FLIP = np.int64(0x7FFFFFFFFFFFFFFF)
+# The count passes' memo of rows settled by gain evaluations (see _closed_count): 64
+# entries, indexed by the top bits of a multiplicative hash of the parameters' bits.
+_MEMO_SIZE = 64
+_MEMO_SHIFT = np.uint64(58)
+_MIX = np.uint64(0x9E3779B97F4A7C15)
 
 
 @njit(cache=True, error_model="numpy")
@@ -1120,22 +1125,88 @@ def _closed_crossing(kind, x0, x1, x2, c, lam, aux, floor, ceil):
     a kind whose crossing is known in closed form: the closed form where it is not
     within rounding of a step, the exact galloping search otherwise."""
     g, start = _guessed_start(kind, x0, x1, x2, c, lam, aux, floor, ceil)
-    if math.isfinite(g) and abs(g - math.floor(g + 0.5)) > 1e-9 * (1.0 + abs(g)):
+    if _off_step(g):
         return start
     k, _, _ = _crossing(kind, x0, x1, x2, c, lam, floor, ceil, start, np.nan, np.nan)
     return k
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _off_step(g):
+    """Whether a closed-form crossing ``g`` is finite and not within rounding of a step,
+    so that ``ceil(g)`` is the count (else the gains themselves must decide)."""
+    return math.isfinite(g) and abs(g - math.floor(g + 0.5)) > 1e-9 * (1.0 + abs(g))
+
+
 @njit(cache=True, error_model="numpy")
-def _closed_count(kind, p0, p1, p2, c, lo, hi, lam):
-    """``sum_i #{steps of row i with gain > lam}`` in one read-only pass."""
+def _closed_count(kind, p0, p1, p2, c, lo, hi, lam, ends, slot):
+    """``sum_i #{steps of row i with gain > lam}`` in one pass over the parameters; each
+    row's count (``lo`` plus its steps above ``lam``) goes to the work row of ``ends``
+    (``ends[slot[2]]``) unless ``ends`` has no columns."""
     aux = _pass_constant(kind, lam)
+    out = ends[slot[2]]
+    keep = out.shape[0] > 0
+    # Rows whose crossing lies within rounding of a step are settled by evaluating gains.
+    # Prompts with equal parameters and bounds (equal estimates: common in training
+    # batches) cross at the same step, so those rows are settled once per pass, through
+    # a small direct-mapped memo keyed on the parameters' bits.
+    memo = np.full((_MEMO_SIZE, 6), -1, dtype=np.int64)
+    fbuf = np.empty(3, dtype=np.float64)
+    ibuf = fbuf.view(np.int64)
     total = 0
     for i in range(lo.shape[0]):
-        if hi[i] > lo[i]:
-            total += _closed_crossing(kind, p0[i], p1[i], p2[i], c, lam, aux, lo[i],
-                                      hi[i]) - lo[i]
+        k = lo[i]
+        if hi[i] > k:
+            x0 = p0[i]
+            x1 = p1[i]
+            x2 = p2[i]
+            g, k = _guessed_start(kind, x0, x1, x2, c, lam, aux, lo[i], hi[i])
+            if not _off_step(g):
+                fbuf[0] = x0
+                fbuf[1] = x1
+                fbuf[2] = x2
+                h = np.int64(((np.uint64(ibuf[0]) ^ (np.uint64(ibuf[1]) * _MIX)
+                               ^ np.uint64(ibuf[2])) * _MIX) >> _MEMO_SHIFT)
+                e = memo[h]
+                if (e[0] == ibuf[0] and e[1] == ibuf[1] and e[2] == ibuf[2]
+                        and e[3] == lo[i] and e[4] == hi[i] and e[5] >= 0):
+                    k = e[5]
+                else:
+                    k, _, _ = _crossing(kind, x0, x1, x2, c, lam, lo[i], hi[i], k, np.nan,
+                                        np.nan)
+                    e[0] = ibuf[0]
+                    e[1] = ibuf[1]
+                    e[2] = ibuf[2]
+                    e[3] = lo[i]
+                    e[4] = hi[i]
+                    e[5] = k
+            total += k - lo[i]
+        if keep:
+            out[i] = k
     return total
+
+
+@njit(cache=True, error_model="numpy")
+def _closed_ends(lo, hi, keep):
+    """Per-row counts at the bracket's ends: ``ends[slot[0]]`` at ``a`` (``lo`` while ``a``
+    lies above every gain), ``ends[slot[1]]`` at ``b`` (``hi`` while ``b`` lies below
+    them), ``ends[slot[2]]`` the work row a pass writes, and ``known`` whether each end's
+    row is up to date. Without ``keep``, no rows (a search that only needs the values)."""
+    m = lo.shape[0] if keep else 0
+    ends = np.empty((3, m), dtype=np.int64)
+    if keep:
+        ends[0] = lo
+        ends[1] = hi
+    return ends, np.array([0, 1, 2], dtype=np.int64), np.ones(2, dtype=np.int64)
+
+
+@njit(cache=True, error_model="numpy")
+def _record_end(slot, known, side):
+    """The work row, just written by a pass, becomes end ``side``'s counts."""
+    work = slot[2]
+    slot[2] = slot[side]
+    slot[side] = work
+    known[side] = 1
 
 
 @njit(cache=True, error_model="numpy")
@@ -1154,12 +1225,14 @@ def _strided_subsample(p0, p1, p2, lo, hi, stride):
 
 
 @njit(cache=True, error_model="numpy")
-def _closed_extremes(kind, p0, p1, p2, c, lo, hi, spare, total, fbuf, ibuf, stats):
+def _closed_extremes(kind, p0, p1, p2, c, lo, hi, spare, total, fbuf, ibuf, stats, ends,
+                     slot, known):
     """The opening bracket ``(b, a]`` of a closed-form search and its counts ``C(a)``,
     ``C(b)``: ``a`` the rows' largest gain and ``b`` just below their smallest (two gain
     evaluations a row). Where some gains are -inf (a prompt that can never succeed),
     one count pass just below the smallest finite gain tells on which side of it the
-    threshold lies, so that the search never starts from the whole float range."""
+    threshold lies, so that the search never starts from the whole float range. The
+    counts at the ends go to ``ends`` (see :func:`_closed_ends`)."""
     top = -_INF
     bottom = _INF
     finite_bottom = _INF
@@ -1174,6 +1247,10 @@ def _closed_extremes(kind, p0, p1, p2, c, lo, hi, spare, total, fbuf, ibuf, stat
             if -_INF < g < finite_bottom:
                 finite_bottom = g
     key_a = _key(top, fbuf, ibuf)
+    if ends.shape[1] > 0:
+        ends[slot[0]] = lo  # nothing lies above the largest gain
+        ends[slot[1]] = hi  # and everything above b, below the smallest
+    known[:] = 1
     if bottom > -_INF:
         return key_a, _key(bottom, fbuf, ibuf) - 1, 0, total
     key_b = _key(-_INF, fbuf, ibuf) - 1  # the sentinel: every gain lies above it
@@ -1181,14 +1258,16 @@ def _closed_extremes(kind, p0, p1, p2, c, lo, hi, spare, total, fbuf, ibuf, stat
     c_b = total
     if math.isfinite(finite_bottom) and finite_bottom < top:
         lam = np.nextafter(finite_bottom, -_INF)
-        cnt = _closed_count(kind, p0, p1, p2, c, lo, hi, lam)
+        cnt = _closed_count(kind, p0, p1, p2, c, lo, hi, lam, ends, slot)
         stats[0] += 1
         if cnt > spare:
             key_b = _key(lam, fbuf, ibuf)
             c_b = cnt
+            _record_end(slot, known, 1)
         else:
             key_a = _key(lam, fbuf, ibuf)
             c_a = cnt
+            _record_end(slot, known, 0)
     return key_a, key_b, c_a, c_b
 
 
@@ -1210,7 +1289,7 @@ def _closed_top(kind, p0, p1, p2, c, lo, hi, value_a, value_b):
 
 @njit(cache=True, error_model="numpy")
 def _closed_narrow(kind, p0, p1, p2, c, lo, hi, spare, limit, key_a, key_b, c_a, c_b, fbuf,
-                   ibuf, stats, passes):
+                   ibuf, stats, passes, ends, slot, known):
     """Narrow the bracket ``(b, a]``, with ``C(a) <= spare < C(b)``, until it holds at
     most ``limit`` steps or no value lies strictly inside it (or after ``passes``
     passes); each step one read-only pass.
@@ -1221,7 +1300,8 @@ def _closed_narrow(kind, p0, p1, p2, c, lo, hi, spare, limit, key_a, key_b, c_a,
     least halve every third step whatever the counts do. After two steps that moved
     neither count (the bracket holds few distinct gains, each many times: tied
     prompts), ``a`` drops onto the largest gain in the bracket and the next value tried
-    is the float just below it, which closes the bracket on a tied value at once.
+    is the float just below it, which closes the bracket on a tied value at once. Each
+    pass's per-row counts become those of the end it replaces (see :func:`_closed_ends`).
     """
     # The bracket's ends, a at index 0 and b at 1: their keys, counts C and misses C - spare.
     keys = np.array([key_a, key_b], dtype=np.int64)
@@ -1255,11 +1335,12 @@ def _closed_narrow(kind, p0, p1, p2, c, lo, hi, spare, limit, key_a, key_b, c_a,
                 break
             lam = _unkey((key_a >> 1) + (key_b >> 1) + (key_a & key_b & 1), fbuf, ibuf)
             stalls = 0
-        cnt = _closed_count(kind, p0, p1, p2, c, lo, hi, lam)
+        cnt = _closed_count(kind, p0, p1, p2, c, lo, hi, lam, ends, slot)
         stats[0] += 1
         done += 1
         moved = cnt != counts[0] and cnt != counts[1]
         side = 0 if cnt <= spare else 1
+        _record_end(slot, known, side)
         keys[side] = _key(lam, fbuf, ibuf)
         counts[side] = cnt
         miss[side] = float(cnt - spare)
@@ -1281,11 +1362,12 @@ def _closed_level(kind, p0, p1, p2, c, lo, hi, spare, fbuf, ibuf):
     for i in range(lo.shape[0]):
         total += hi[i] - lo[i]
     passes = np.zeros(1, dtype=np.int64)
+    ends, slot, known = _closed_ends(lo, hi, False)
     key_a, key_b, c_a, c_b = _closed_extremes(kind, p0, p1, p2, c, lo, hi, spare, total, fbuf,
-                                              ibuf, passes)
+                                              ibuf, passes, ends, slot, known)
     key_a, key_b, c_a, c_b = _closed_narrow(kind, p0, p1, p2, c, lo, hi, spare,
                                             max(1, lo.shape[0] >> 3), key_a, key_b, c_a,
-                                            c_b, fbuf, ibuf, passes, 8)
+                                            c_b, fbuf, ibuf, passes, 8, ends, slot, known)
     value_a = _unkey(key_a, fbuf, ibuf)
     value_b = _unkey(key_b, fbuf, ibuf)
     if math.isfinite(value_a) and math.isfinite(value_b) and c_b > c_a:
@@ -1303,7 +1385,8 @@ def _solve_closed(kind, p0, p1, p2, c, lo, hi, spare, stats):
     bisection on the bit order of the value) narrows the bracket ``(b, a]`` with
     ``C(a) <= spare <= C(b)``, each step one read-only pass; then one pass writes the
     counts at ``a`` and collects the gains in the bracket, and the remaining ones are
-    selected exactly (ties: fewer rollouts first, then the lower index).
+    selected exactly (ties: fewer rollouts first, then the lower index). Each pass keeps
+    its per-row counts for the end it becomes, so the last pass evaluates only gains.
     """
     m = lo.shape[0]
     fbuf = np.empty(1, dtype=np.float64)
@@ -1318,9 +1401,10 @@ def _solve_closed(kind, p0, p1, p2, c, lo, hi, spare, stats):
     key_b = _key(-_INF, fbuf, ibuf) - 1
     c_a = 0
     c_b = total
+    ends, slot, known = _closed_ends(lo, hi, True)
     if m < _CLOSED_SUBSAMPLE_FROM:
         key_a, key_b, c_a, c_b = _closed_extremes(kind, p0, p1, p2, c, lo, hi, spare, total,
-                                                  fbuf, ibuf, stats)
+                                                  fbuf, ibuf, stats, ends, slot, known)
     else:
         # Trial values from a strided subsample (one row in sixteen, at most _SUBSAMPLE)
         # for its share of the budget, the share corrected after each full pass by the
@@ -1347,20 +1431,27 @@ def _solve_closed(kind, p0, p1, p2, c, lo, hi, spare, stats):
             kl = _key(lam, fbuf, ibuf)
             if not (lam == lam and key_b < kl < key_a):
                 break
-            cnt = _closed_count(kind, p0, p1, p2, c, lo, hi, lam)
+            cnt = _closed_count(kind, p0, p1, p2, c, lo, hi, lam, ends, slot)
             stats[0] += 1
             if cnt <= spare:
                 key_a = kl
                 c_a = cnt
+                _record_end(slot, known, 0)
             else:
                 key_b = kl
                 c_b = cnt
+                _record_end(slot, known, 1)
             share += _OVERSHOOT * (spare - cnt) * scale
         if key_a == _key(_INF, fbuf, ibuf) or key_b < _key(-_INF, fbuf, ibuf):
             # The subsample left an end open (e.g. its level was -inf): close it on the
             # rows' extremes rather than bisect the whole float range.
+            # Values only: which per-row counts the merged ends have is not tracked here,
+            # so the last pass finds them again.
+            none, none_slot, _ = _closed_ends(lo, hi, False)
             top_a, top_b, top_ca, top_cb = _closed_extremes(kind, p0, p1, p2, c, lo, hi,
-                                                            spare, total, fbuf, ibuf, stats)
+                                                            spare, total, fbuf, ibuf, stats,
+                                                            none, none_slot, known)
+            known[:] = 0
             if top_a < key_a:
                 key_a = top_a
                 c_a = top_ca
@@ -1368,45 +1459,45 @@ def _solve_closed(kind, p0, p1, p2, c, lo, hi, spare, stats):
                 key_b = top_b
                 c_b = top_cb
     key_a, key_b, c_a, c_b = _closed_narrow(kind, p0, p1, p2, c, lo, hi, spare, limit, key_a,
-                                            key_b, c_a, c_b, fbuf, ibuf, stats, 200)
+                                            key_b, c_a, c_b, fbuf, ibuf, stats, 200, ends,
+                                            slot, known)
     value_a = _unkey(key_a, fbuf, ibuf)
     value_b = _unkey(key_b, fbuf, ibuf) if key_b >= _key(-_INF, fbuf, ibuf) else -_INF
     below_all = key_b < _key(-_INF, fbuf, ibuf)
-    # One pass: counts at a (all gains > a taken) and the gains in (b, a].
-    counts = np.empty(m, dtype=np.int64)
-    n_bracket = c_b - c_a
-    if key_b >= key_a - 1 and n_bracket > max(limit, m):
-        # A plateau: every gain in the bracket equals value_a; water-fill by count.
-        starts = np.empty(m, dtype=np.int64)
-        stops = np.empty(m, dtype=np.int64)
+    # The per-row counts at both ends: kept from the passes, else found again (one pass).
+    starts = ends[slot[0]]
+    stops = ends[slot[1]]
+    if known[0] == 0 or known[1] == 0:
         aux_a = _pass_constant(kind, value_a)
         aux_b = _pass_constant(kind, value_b)
         for i in range(m):
             if hi[i] > lo[i]:
-                starts[i] = _closed_crossing(kind, p0[i], p1[i], p2[i], c, value_a, aux_a,
-                                             lo[i], hi[i])
-                stops[i] = hi[i] if below_all else _closed_crossing(
-                    kind, p0[i], p1[i], p2[i], c, value_b, aux_b, lo[i], hi[i])
+                if known[0] == 0:
+                    starts[i] = _closed_crossing(kind, p0[i], p1[i], p2[i], c, value_a,
+                                                 aux_a, lo[i], hi[i])
+                if known[1] == 0:
+                    stops[i] = hi[i] if below_all else _closed_crossing(
+                        kind, p0[i], p1[i], p2[i], c, value_b, aux_b, lo[i], hi[i])
             else:
                 starts[i] = lo[i]
                 stops[i] = lo[i]
+    n_bracket = c_b - c_a
+    if key_b >= key_a - 1 and n_bracket > max(limit, m):
+        # A plateau: every gain in the bracket equals value_a; water-fill by count.
         return _water_fill(starts, stops, spare - c_a)
-    vals = np.empty(n_bracket, dtype=np.float64)
-    owner = np.empty(n_bracket, dtype=np.int64)
-    step = np.empty(n_bracket, dtype=np.int64)
-    aux_a = _pass_constant(kind, value_a)
-    aux_b = _pass_constant(kind, value_b)
+    # Counts at a (all gains > a taken) and the gains in (b, a].
+    counts = starts.copy()
+    n_collect = 0
+    for i in range(m):
+        n_collect += max(stops[i] - starts[i], 0)
+    vals = np.empty(n_collect, dtype=np.float64)
+    owner = np.empty(n_collect, dtype=np.int64)
+    step = np.empty(n_collect, dtype=np.int64)
     e = 0
     for i in range(m):
-        if hi[i] == lo[i]:
-            counts[i] = lo[i]
-            continue
-        k0 = _closed_crossing(kind, p0[i], p1[i], p2[i], c, value_a, aux_a, lo[i], hi[i])
-        counts[i] = k0
-        if k0 < hi[i]:
-            k1 = hi[i] if below_all else _closed_crossing(kind, p0[i], p1[i], p2[i], c,
-                                                          value_b, aux_b, k0, hi[i])
-            for k in range(k0, k1):
+        k0 = starts[i]
+        if k0 < stops[i]:
+            for k in range(k0, stops[i]):
                 vals[e] = gain(kind, p0[i], p1[i], p2[i], c, k)
                 owner[e] = i
                 step[e] = k
@@ -1415,6 +1506,11 @@ def _solve_closed(kind, p0, p1, p2, c, lo, hi, spare, stats):
     need = spare - c_a
     if need == 0:
         return counts
+    if not 0 < need <= e:
+        # C(a) <= spare <= C(b) holds by construction; selecting beyond the collected
+        # gains would read past them.
+        raise RuntimeError("separable engine: the closed-form bracket does not hold the "
+                           "threshold")
     threshold = _kth_largest(vals[:e].copy(), need)
     above, band = take_beyond(vals, e, threshold, owner, counts, True)
     left = need - above
