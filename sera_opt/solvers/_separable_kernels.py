@@ -1132,6 +1132,16 @@ def _closed_crossing(kind, x0, x1, x2, c, lam, aux, floor, ceil):
 
 
 @njit(cache=True, error_model="numpy", inline="always")
+def _memo_slot(x0, x1, x2, fbuf, ibuf):
+    """The memo entry of a row's parameters; leaves their bits in ``ibuf[:3]``."""
+    fbuf[0] = x0
+    fbuf[1] = x1
+    fbuf[2] = x2
+    return np.int64(((np.uint64(ibuf[0]) ^ (np.uint64(ibuf[1]) * _MIX) ^ np.uint64(ibuf[2]))
+                     * _MIX) >> _MEMO_SHIFT)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
 def _off_step(g):
     """Whether a closed-form crossing ``g`` is finite and not within rounding of a step,
     so that ``ceil(g)`` is the count (else the gains themselves must decide)."""
@@ -1162,11 +1172,7 @@ def _closed_count(kind, p0, p1, p2, c, lo, hi, lam, ends, slot):
             x2 = p2[i]
             g, k = _guessed_start(kind, x0, x1, x2, c, lam, aux, lo[i], hi[i])
             if not _off_step(g):
-                fbuf[0] = x0
-                fbuf[1] = x1
-                fbuf[2] = x2
-                h = np.int64(((np.uint64(ibuf[0]) ^ (np.uint64(ibuf[1]) * _MIX)
-                               ^ np.uint64(ibuf[2])) * _MIX) >> _MEMO_SHIFT)
+                h = _memo_slot(x0, x1, x2, fbuf, ibuf)
                 e = memo[h]
                 if (e[0] == ibuf[0] and e[1] == ibuf[1] and e[2] == ibuf[2]
                         and e[3] == lo[i] and e[4] == hi[i] and e[5] >= 0):
@@ -1493,12 +1499,32 @@ def _solve_closed(kind, p0, p1, p2, c, lo, hi, spare, stats):
     vals = np.empty(n_collect, dtype=np.float64)
     owner = np.empty(n_collect, dtype=np.int64)
     step = np.empty(n_collect, dtype=np.int64)
+    # Rows with equal parameters and the same steps in the bracket have the same gains:
+    # copied from the first such row (a memo as in _closed_count), not evaluated again.
+    memo = np.full((_MEMO_SIZE, 6), -1, dtype=np.int64)
+    fbuf = np.empty(3, dtype=np.float64)
+    ibuf = fbuf.view(np.int64)
     e = 0
     for i in range(m):
         k0 = starts[i]
-        if k0 < stops[i]:
-            for k in range(k0, stops[i]):
-                vals[e] = gain(kind, p0[i], p1[i], p2[i], c, k)
+        k1 = stops[i]
+        if k0 < k1:
+            entry = memo[_memo_slot(p0[i], p1[i], p2[i], fbuf, ibuf)]
+            same = (entry[0] == ibuf[0] and entry[1] == ibuf[1] and entry[2] == ibuf[2]
+                    and entry[3] == k0 and entry[4] == k1 and entry[5] >= 0)
+            first = entry[5]
+            if not same:
+                entry[0] = ibuf[0]
+                entry[1] = ibuf[1]
+                entry[2] = ibuf[2]
+                entry[3] = k0
+                entry[4] = k1
+                entry[5] = e
+            for k in range(k0, k1):
+                if same:
+                    vals[e] = vals[first + k - k0]
+                else:
+                    vals[e] = gain(kind, p0[i], p1[i], p2[i], c, k)
                 owner[e] = i
                 step[e] = k
                 e += 1
