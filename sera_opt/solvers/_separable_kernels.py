@@ -111,11 +111,19 @@ def prepare(kind, p0, p1):
     m = p0.shape[0]
     p2 = np.zeros(m, dtype=np.float64)
     if kind == BETA_LEVELS or kind == HIT_UTILITY:
+        # Posteriors of one strength share alpha + beta (pseudo-counts s p, s (1 - p)):
+        # its log-gamma is computed again only when it changes.
+        last_sum = np.nan
+        lgamma_sum = np.nan
         for i in range(m):
             a = p0[i]
             b = p1[i]
             if a > 0.0 and b > 0.0:
-                p2[i] = math.lgamma(a + b) - math.lgamma(b)
+                ab = a + b
+                if ab != last_sum:
+                    last_sum = ab
+                    lgamma_sum = math.lgamma(ab)
+                p2[i] = lgamma_sum - math.lgamma(b)
     return p2
 
 
@@ -1385,14 +1393,13 @@ def _closed_level(kind, p0, p1, p2, c, lo, hi, spare, fbuf, ibuf):
 def _solve_closed(kind, p0, p1, p2, c, lo, hi, spare, stats):
     """The engine for max-sum kinds whose crossings are known in closed form.
 
-    No per-row state between passes: above ``_CLOSED_SUBSAMPLE_FROM`` rows, a strided
-    subsample searched the same way gives the first trial values (below, the rows'
-    extreme gains open the bracket); regula falsi on the count (alternating with
-    bisection on the bit order of the value) narrows the bracket ``(b, a]`` with
-    ``C(a) <= spare <= C(b)``, each step one read-only pass; then one pass writes the
-    counts at ``a`` and collects the gains in the bracket, and the remaining ones are
-    selected exactly (ties: fewer rollouts first, then the lower index). Each pass keeps
-    its per-row counts for the end it becomes, so the last pass evaluates only gains.
+    Above ``_CLOSED_SUBSAMPLE_FROM`` rows, a strided subsample searched the same way
+    gives the first trial values (below, the rows' extreme gains open the bracket);
+    regula falsi on the count (alternating with bisection on the bit order of the
+    value) narrows the bracket ``(b, a]`` with ``C(a) <= spare <= C(b)``, each step one
+    pass that keeps its per-row counts for the end it becomes (the only per-row state);
+    then the gains in the bracket are collected (no crossing is found again) and the
+    remaining ones selected exactly (ties: fewer rollouts first, then the lower index).
     """
     m = lo.shape[0]
     fbuf = np.empty(1, dtype=np.float64)
