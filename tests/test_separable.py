@@ -224,6 +224,32 @@ def test_closed_form_passes_on_repeated_rows_equal_exhaustive_sort(seed, distinc
                                       err_msg=type(objective).__name__)
 
 
+@pytest.mark.parametrize("m", [600, 5000])
+def test_a_tied_plateau_beyond_the_collection_limit_follows_the_tie_rule(m):
+    """Every prompt with the same estimate: the closed-form search closes on one tied gain
+    value holding more steps than it collects (2,048), and hands them out by the tie rule
+    (fewer rollouts first, then the lower index) without collecting them."""
+    from sera_opt.solvers._separable_kernels import _COLLECT_MIN
+
+    rng = np.random.default_rng(m)
+    p = np.full(m, 0.37)
+    lo = rng.integers(1, 4, m)
+    hi = lo + rng.integers(0, 10, m)
+    plateaus = 0
+    for objective in (PointHitUtility(p), AlphaFairUtility(p, 1.0), AlphaFairUtility(p, 0.0)):
+        for share in (0.3, 0.5, 0.9):
+            budget = int(lo.sum() + share * (hi - lo).sum())
+            stats = np.zeros(4, dtype=np.int64)
+            counts = solve_separable(objective, budget, lo, hi, stats=stats)
+            np.testing.assert_array_equal(counts, sorted_reference(objective, budget, lo, hi),
+                                          err_msg=type(objective).__name__)
+            # A plateau larger than the limit is water-filled, not collected.
+            assert stats[1] <= _COLLECT_MIN, stats
+            plateaus += stats[1] == 0
+    if m > _COLLECT_MIN:
+        assert plateaus > 0
+
+
 @pytest.mark.slow
 def test_subsample_path_equals_exhaustive_sort():
     # M >= 32768 takes the subsample-seeded path.

@@ -1495,8 +1495,9 @@ def _solve_closed(kind, p0, p1, p2, c, lo, hi, spare, stats):
                 starts[i] = lo[i]
                 stops[i] = lo[i]
     n_bracket = c_b - c_a
-    if key_b >= key_a - 1 and n_bracket > max(limit, m):
-        # A plateau: every gain in the bracket equals value_a; water-fill by count.
+    if key_b >= key_a - 1 and n_bracket > limit:
+        # A plateau: every gain in the bracket equals value_a, so the tie rule alone
+        # orders them; water-fill by count instead of collecting them.
         return _water_fill(starts, stops, spare - c_a)
     # Counts at a (all gains > a taken) and the gains in (b, a].
     counts = starts.copy()
