@@ -76,7 +76,7 @@ _INF = np.inf
 # Beta levels with at most this many effective rollouts use the exact product.
 _PRODUCT_MAX = 64
 _SIGN_FLIP = np.int64(0x7FFFFFFFFFFFFFFF)
-# The count passes' memo of rows settled by gain evaluations (see _closed_count): 64
+# The memo of rows with equal parameters (see _closed_count and _memo_new): 64
 # entries, indexed by the top bits of a multiplicative hash of the parameters' bits.
 _MEMO_SIZE = 64
 _MEMO_SHIFT = np.uint64(58)
@@ -1140,13 +1140,38 @@ def _closed_crossing(kind, x0, x1, x2, c, lam, aux, floor, ceil):
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _memo_slot(x0, x1, x2, fbuf, ibuf):
-    """The memo entry of a row's parameters; leaves their bits in ``ibuf[:3]``."""
+def _memo_new():
+    """An empty memo of rows with equal parameters (direct-mapped, ``_MEMO_SIZE`` entries of
+    the parameters' bits, two integers that must also match, and the value stored), and
+    the bit-cast buffers its lookups use."""
+    fbuf = np.empty(3, dtype=np.float64)
+    return np.full((_MEMO_SIZE, 6), -1, dtype=np.int64), fbuf, fbuf.view(np.int64)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _memo_entry(memo, x0, x1, x2, u, v, fbuf, ibuf):
+    """The memo entry of a row's parameters and ``(u, v)``, and the value it holds for them
+    (-1 when it holds none, or another row's)."""
     fbuf[0] = x0
     fbuf[1] = x1
     fbuf[2] = x2
-    return np.int64(((np.uint64(ibuf[0]) ^ (np.uint64(ibuf[1]) * _MIX) ^ np.uint64(ibuf[2]))
-                     * _MIX) >> _MEMO_SHIFT)
+    entry = memo[np.int64(((np.uint64(ibuf[0]) ^ (np.uint64(ibuf[1]) * _MIX)
+                            ^ np.uint64(ibuf[2])) * _MIX) >> _MEMO_SHIFT)]
+    if (entry[0] == ibuf[0] and entry[1] == ibuf[1] and entry[2] == ibuf[2]
+            and entry[3] == u and entry[4] == v):
+        return entry, entry[5]
+    return entry, np.int64(-1)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _memo_store(entry, ibuf, u, v, value):
+    """Store ``value`` for the parameters whose bits :func:`_memo_entry` left in ``ibuf``."""
+    entry[0] = ibuf[0]
+    entry[1] = ibuf[1]
+    entry[2] = ibuf[2]
+    entry[3] = u
+    entry[4] = v
+    entry[5] = value
 
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -1168,9 +1193,7 @@ def _closed_count(kind, p0, p1, p2, c, lo, hi, lam, ends, slot):
     # Prompts with equal parameters and bounds (equal estimates: common in training
     # batches) cross at the same step, so those rows are settled once per pass, through
     # a small direct-mapped memo keyed on the parameters' bits.
-    memo = np.full((_MEMO_SIZE, 6), -1, dtype=np.int64)
-    fbuf = np.empty(3, dtype=np.float64)
-    ibuf = fbuf.view(np.int64)
+    memo, fbuf, ibuf = _memo_new()
     total = 0
     for i in range(lo.shape[0]):
         k = lo[i]
@@ -1180,20 +1203,13 @@ def _closed_count(kind, p0, p1, p2, c, lo, hi, lam, ends, slot):
             x2 = p2[i]
             g, k = _guessed_start(kind, x0, x1, x2, c, lam, aux, lo[i], hi[i])
             if not _off_step(g):
-                h = _memo_slot(x0, x1, x2, fbuf, ibuf)
-                e = memo[h]
-                if (e[0] == ibuf[0] and e[1] == ibuf[1] and e[2] == ibuf[2]
-                        and e[3] == lo[i] and e[4] == hi[i] and e[5] >= 0):
-                    k = e[5]
+                entry, known_k = _memo_entry(memo, x0, x1, x2, lo[i], hi[i], fbuf, ibuf)
+                if known_k >= 0:
+                    k = known_k
                 else:
                     k, _, _ = _crossing(kind, x0, x1, x2, c, lam, lo[i], hi[i], k, np.nan,
                                         np.nan)
-                    e[0] = ibuf[0]
-                    e[1] = ibuf[1]
-                    e[2] = ibuf[2]
-                    e[3] = lo[i]
-                    e[4] = hi[i]
-                    e[5] = k
+                    _memo_store(entry, ibuf, lo[i], hi[i], k)
             total += k - lo[i]
         if keep:
             out[i] = k
@@ -1509,25 +1525,16 @@ def _solve_closed(kind, p0, p1, p2, c, lo, hi, spare, stats):
     step = np.empty(n_collect, dtype=np.int64)
     # Rows with equal parameters and the same steps in the bracket have the same gains:
     # copied from the first such row (a memo as in _closed_count), not evaluated again.
-    memo = np.full((_MEMO_SIZE, 6), -1, dtype=np.int64)
-    fbuf = np.empty(3, dtype=np.float64)
-    ibuf = fbuf.view(np.int64)
+    memo, fbuf, ibuf = _memo_new()
     e = 0
     for i in range(m):
         k0 = starts[i]
         k1 = stops[i]
         if k0 < k1:
-            entry = memo[_memo_slot(p0[i], p1[i], p2[i], fbuf, ibuf)]
-            same = (entry[0] == ibuf[0] and entry[1] == ibuf[1] and entry[2] == ibuf[2]
-                    and entry[3] == k0 and entry[4] == k1 and entry[5] >= 0)
-            first = entry[5]
+            entry, first = _memo_entry(memo, p0[i], p1[i], p2[i], k0, k1, fbuf, ibuf)
+            same = first >= 0
             if not same:
-                entry[0] = ibuf[0]
-                entry[1] = ibuf[1]
-                entry[2] = ibuf[2]
-                entry[3] = k0
-                entry[4] = k1
-                entry[5] = e
+                _memo_store(entry, ibuf, k0, k1, e)
             for k in range(k0, k1):
                 if same:
                     vals[e] = vals[first + k - k0]
