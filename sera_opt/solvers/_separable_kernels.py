@@ -106,6 +106,16 @@ def _unkey(k, fbuf, ibuf):
 
 
 @njit(cache=True, error_model="numpy")
+def _key_below(x, fbuf, ibuf):
+    """Key of the largest float numerically below ``x`` (not NaN, above -inf).
+
+    Not ``_key(x) - 1``: below ``0.0`` that is ``-0.0``, which equals ``0.0``, so a
+    bracket end put there would not lie below a gain of 0.
+    """
+    return _key(np.nextafter(x, -_INF), fbuf, ibuf)
+
+
+@njit(cache=True, error_model="numpy")
 def prepare(kind, p0, p1):
     """The third parameter row: ``lgamma(alpha + beta) - lgamma(beta)`` for the Beta kinds."""
     m = p0.shape[0]
@@ -297,15 +307,18 @@ def _fair_guess(a, logp, alpha, c, lam):
 @njit(cache=True, error_model="numpy")
 def _closed_form(kind):
     """Whether this max-sum kind's crossings are known in closed form for every row, so
-    that :func:`_solve_closed` serves it: the alpha-fair kinds at alpha = 0, 1, 2, and
-    the point hit utility (its log gain ``k log(1 - p) + log p`` is linear in ``k``)."""
-    return kind == FAIR_SUM or kind == FAIR_LOG or kind == FAIR_INVERSE or kind == POINT_HIT
+    that :func:`_solve_closed` serves it: the alpha-fair kinds at alpha = 0, 1, 2, the
+    point hit utility (its log gain ``k log(1 - p) + log p`` is linear in ``k``), and
+    Knapsack, whose crossings are certified by bounds (:func:`_knapsack_count`) all but
+    near a step."""
+    return (kind == FAIR_SUM or kind == FAIR_LOG or kind == FAIR_INVERSE or kind == POINT_HIT
+            or kind == KNAPSACK)
 
 
 @njit(cache=True, error_model="numpy")
 def _exact_guess(kind, x2):
     """Whether :func:`_guess` is the exact crossing (up to rounding) for this kind."""
-    if _closed_form(kind):
+    if kind == FAIR_SUM or kind == FAIR_LOG or kind == FAIR_INVERSE or kind == POINT_HIT:
         return True
     return kind == ALPHA_FAIR and (x2 == 0.0 or x2 == 1.0)
 
@@ -317,7 +330,64 @@ def _pass_constant(kind, lam):
         return math.exp(-lam)
     if kind == FAIR_INVERSE:
         return math.exp(-lam)
+    if kind == KNAPSACK:
+        return math.log(lam) if lam > 0.0 else np.nan
     return 0.0
+
+
+@njit(cache=True, error_model="numpy")
+def _knapsack_count(x0, x1, x2, log_lam, floor, ceil):
+    """The count of a Knapsack row at ``lam = exp(log_lam)`` where bounds on its gain
+    settle it with room to spare, else -1 (then gains must be evaluated).
+
+    With ``q = 1 - p`` the gain is ``p q^2 (q p^k + p q^k)``, that is ``D(k) (1 +
+    rho^(k - 1))`` with the larger term ``D(k) = C r^k`` (``r = max(p, q)``) and
+    ``rho = min(p, q) / r``. The crossing ``D(g) = lam`` is in closed form, from the
+    logs the row already holds, so ``log gain(k) - log lam = (g - k) |log r| +
+    log1p(rho^(k - 1))``, with the log1p bounded on both sides without a log. Every
+    ``k <= g - 1`` has a gain above ``lam``; from ``ceil(g)`` on, a step whose gain is
+    certified above ``lam`` is passed, and the first one certified at or below it is
+    the count (at most three steps). Each test keeps a margin far above the rounding
+    of the gain's evaluation (``tol``, in log space), so the count is the one an
+    evaluation gives; a row within the margin returns -1. ``floor - 1`` lies above
+    ``lam`` and ``ceil`` at or below it (the bracket).
+    """
+    if not (0.0 < x0 < 1.0) or not (log_lam > -650.0):
+        return np.int64(-1)
+    if x0 >= 0.5:
+        log_r = x1
+        log_c = x1 + 3.0 * x2
+        log_rho = x2 - x1
+    else:
+        log_r = x2
+        log_c = 2.0 * (x1 + x2)
+        log_rho = x1 - x2
+    if not (log_r < 0.0):
+        return np.int64(-1)
+    g = (log_lam - log_c) / log_r
+    if not (abs(g) < 1e15):
+        return np.int64(-1)
+    if g <= floor:
+        k = floor
+    elif g >= ceil:
+        k = ceil
+    else:
+        k = np.int64(math.ceil(g))
+    tol = 1e-12 * (1.0 + abs(log_lam) + abs(log_c) + (abs(k) + 4.0) * (abs(x1) + abs(x2)))
+    if k > floor and (g - (k - 1)) * -log_r <= tol:
+        return np.int64(-1)
+    for _ in range(3):
+        if k >= ceil:
+            return k
+        x = math.exp((k - 1) * log_rho)
+        d = (k - g) * -log_r  # log lam - log D(k)
+        # 2 x / (2 + x) <= log1p(x) <= x (6 + x) / (6 + 4 x) for x >= 0.
+        if d > x * (6.0 + x) / (6.0 + 4.0 * x) * (1.0 + 1e-12) + tol:
+            return k
+        if not (d < 2.0 * x / (2.0 + x) * (1.0 - 1e-12) - tol):
+            return np.int64(-1)
+        k += 1
+    return np.int64(-1)
 
 
 @njit(cache=True, error_model="numpy")
@@ -498,6 +568,18 @@ def _guessed_start(kind, x0, x1, x2, c, lam, aux, floor, ceil):
     return g, start
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _settled_start(kind, x0, x1, x2, c, lam, aux, floor, ceil):
+    """``(k, settled)``: the count of a row whose crossing of ``lam`` is known without
+    evaluating a gain (``settled``), else the start of the galloping search."""
+    if kind == KNAPSACK:
+        k = _knapsack_count(x0, x1, x2, aux, floor, ceil)
+        if k >= 0:
+            return k, True
+    g, start = _guessed_start(kind, x0, x1, x2, c, lam, aux, floor, ceil)
+    return start, _exact_guess(kind, x2) and _off_step(g)
+
+
 @njit(cache=True, error_model="numpy")
 def _crossing(kind, x0, x1, x2, c, lam, floor, ceil, start, g_below, g_ceil):
     """First ``k`` in ``[floor, ceil)`` with ``gain(k) <= lam``, else ``ceil``.
@@ -597,17 +679,15 @@ def _count(kind, p0, p1, p2, c, lam, rows, na, a_next, a_last, nb, b_next, b_las
             if bl <= lam:
                 ceil -= 1
                 g_ceil = bl
-            g, start = _guessed_start(kind, p0[i], p1[i], p2[i], c, lam, aux, floor, ceil)
-            if (_exact_guess(kind, p2[i]) and math.isfinite(g)
-                    and abs(g - math.floor(g + 0.5)) > 1e-9 * (1.0 + abs(g))):
+            k, settled = _settled_start(kind, p0[i], p1[i], p2[i], c, lam, aux, floor, ceil)
+            if settled:
                 # The crossing is known in closed form and is not within rounding of a
                 # step: the count is settled without evaluating a gain (unknown gains
                 # are cached as NaN, except the bracket ends already known).
-                k = start
                 nxt = g_ceil if k == ceil else np.nan
                 lst = g_below if k == floor else np.nan
             else:
-                k, nxt, lst = _crossing(kind, p0[i], p1[i], p2[i], c, lam, floor, ceil, start,
+                k, nxt, lst = _crossing(kind, p0[i], p1[i], p2[i], c, lam, floor, ceil, k,
                                         g_below, g_ceil)
         out_n[i] = k
         out_next[i] = nxt
@@ -837,7 +917,7 @@ def _bound_ends(kind, p0, p1, p2, c, lo, hi, st_i, rows, na, a_next, nb, b_last)
     if open_a and rows.shape[0] > 0:
         st_i[_KEY_A] = _key(top, fbuf, ibuf)
     if open_b and rows.shape[0] > 0 and bottom > -_INF:
-        st_i[_KEY_B] = _key(bottom, fbuf, ibuf) - 1
+        st_i[_KEY_B] = _key_below(bottom, fbuf, ibuf)
 
 
 @njit(cache=True, error_model="numpy")
@@ -1132,8 +1212,8 @@ def _closed_crossing(kind, x0, x1, x2, c, lam, aux, floor, ceil):
     """First ``k`` in ``[floor, ceil)`` with ``gain(k) <= lam`` (``ceil`` when none), for
     a kind whose crossing is known in closed form: the closed form where it is not
     within rounding of a step, the exact galloping search otherwise."""
-    g, start = _guessed_start(kind, x0, x1, x2, c, lam, aux, floor, ceil)
-    if _off_step(g):
+    start, settled = _settled_start(kind, x0, x1, x2, c, lam, aux, floor, ceil)
+    if settled:
         return start
     k, _, _ = _crossing(kind, x0, x1, x2, c, lam, floor, ceil, start, np.nan, np.nan)
     return k
@@ -1201,8 +1281,8 @@ def _closed_count(kind, p0, p1, p2, c, lo, hi, lam, ends, slot):
             x0 = p0[i]
             x1 = p1[i]
             x2 = p2[i]
-            g, k = _guessed_start(kind, x0, x1, x2, c, lam, aux, lo[i], hi[i])
-            if not _off_step(g):
+            k, settled = _settled_start(kind, x0, x1, x2, c, lam, aux, lo[i], hi[i])
+            if not settled:
                 entry, known_k = _memo_entry(memo, x0, x1, x2, lo[i], hi[i], fbuf, ibuf)
                 if known_k >= 0:
                     k = known_k
@@ -1282,7 +1362,7 @@ def _closed_extremes(kind, p0, p1, p2, c, lo, hi, spare, total, fbuf, ibuf, stat
         ends[slot[1]] = hi  # and everything above b, below the smallest
     known[:] = 1
     if bottom > -_INF:
-        return key_a, _key(bottom, fbuf, ibuf) - 1, 0, total
+        return key_a, _key_below(bottom, fbuf, ibuf), 0, total
     key_b = _key(-_INF, fbuf, ibuf) - 1  # the sentinel: every gain lies above it
     c_a = 0
     c_b = total
@@ -1514,6 +1594,13 @@ def _solve_closed(kind, p0, p1, p2, c, lo, hi, spare, stats):
     if key_b >= key_a - 1 and n_bracket > limit:
         # A plateau: every gain in the bracket equals value_a, so the tie rule alone
         # orders them; water-fill by count instead of collecting them.
+        held = 0
+        for i in range(m):
+            held += max(stops[i] - starts[i], 0)
+        if not 0 <= spare - c_a <= held:
+            # As below: the bracket's per-row steps must hold what is left to hand out.
+            raise RuntimeError("separable engine: the closed-form bracket does not hold "
+                               "the threshold")
         return _water_fill(starts, stops, spare - c_a)
     # Counts at a (all gains > a taken) and the gains in (b, a].
     counts = starts.copy()
