@@ -267,6 +267,24 @@ def test_knapsack_counts_certified_by_bounds_equal_the_evaluated_crossing(p, flo
     assert k == first_at_or_below(kernels, kernels.KNAPSACK, x, lam, floor, ceil)
 
 
+@settings(max_examples=300, deadline=None)
+@given(alpha=st.one_of(st.floats(1e-300, 1e300), st.sampled_from([1.0, 0.5, 1e-30, 1e30])),
+       beta=st.one_of(st.floats(1e-300, 1e300), st.sampled_from([0.0, 1.0, 2.5, 1e-30, 1e30])),
+       k=st.integers(1, 70))
+def test_hit_gain_pair_is_bit_for_bit_two_gains(alpha, beta, k):
+    """The count pass reads the hit utility's gains on both sides of its guess from one
+    product of ratios; they must be exactly the gains that :func:`gain` gives, or rows
+    equal in value would not tie and counts would depend on the route taken."""
+    from sera_opt.solvers import _separable_kernels as kernels
+
+    objective = HitUtility(np.array([alpha]), np.array([beta]))
+    x = (objective._p0[0], objective._p1[0], objective._p2[0])
+    pair = kernels._hit_gain_pair(*x, k)
+    one = (kernels.gain(kernels.HIT_UTILITY, *x, 0, k - 1),
+           kernels.gain(kernels.HIT_UTILITY, *x, 0, k))
+    assert np.array_equal(np.array(pair), np.array(one), equal_nan=True), (pair, one)
+
+
 def test_knapsack_counts_are_mostly_settled_without_evaluating_a_gain():
     """The bounds settle all rows but those near a step or with p near 1/2 (where both of
     the gain's terms matter): for uniform probabilities at a threshold of 8 rollouts a

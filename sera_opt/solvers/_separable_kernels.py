@@ -454,7 +454,16 @@ def gain(kind, x0, x1, x2, c, k):
             return -_INF
         if x1 == 0.0:
             return 0.0 if k == 0 else -_INF
-        return _log_beta_moment(x0, x1, x2, k) + math.log(x0 / (x0 + x1 + k))
+        if k > _PRODUCT_MAX:
+            return _log_beta_moment(x0, x1, x2, k) + math.log(x0 / (x0 + x1 + k))
+        q = 1.0
+        acc = 0.0
+        for j in range(k):
+            q *= (x1 + j) / (x0 + x1 + j)
+            if q < 1e-280:
+                acc += math.log(q)
+                q = 1.0
+        return _hit_log(acc, q, x0 / (x0 + x1 + k))
     if kind == RLOO_VARIANCE:
         if k <= 1:
             return _INF if x0 > 0.0 else x1
@@ -480,6 +489,42 @@ def gain(kind, x0, x1, x2, c, k):
     if k <= 0:
         return _INF
     return x0 / (float(k) * float(k + 1))
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _hit_log(acc, q, r):
+    """The hit utility's log gain ``acc + log(q) + log(r)`` (``q`` the product of
+    :func:`_log_beta_moment` rescaled into ``acc``, ``r = a / (a + b + k)``), with one log
+    where ``q r`` does not underflow."""
+    t = q * r
+    if t >= 1e-290:
+        return acc + math.log(t)
+    return acc + math.log(q) + math.log(r)
+
+
+@njit(cache=True, error_model="numpy")
+def _hit_gain_pair(x0, x1, x2, k):
+    """``(gain(k - 1), gain(k))`` of the hit utility, bit for bit those of :func:`gain`,
+    from one product of ratios where :func:`gain` takes the product (the product to
+    ``k - 1`` is the same sequence of operations as the first ``k - 1`` of the product to
+    ``k``)."""
+    if x0 == 0.0 or x1 == 0.0 or k < 1 or k > _PRODUCT_MAX:
+        return (gain(HIT_UTILITY, x0, x1, x2, 0, k - 1),
+                gain(HIT_UTILITY, x0, x1, x2, 0, k))
+    q = 1.0
+    acc = 0.0
+    for j in range(k - 1):
+        q *= (x1 + j) / (x0 + x1 + j)
+        if q < 1e-280:
+            acc += math.log(q)
+            q = 1.0
+    j = k - 1
+    before = _hit_log(acc, q, x0 / (x0 + x1 + j))
+    q *= (x1 + j) / (x0 + x1 + j)
+    if q < 1e-280:
+        acc += math.log(q)
+        q = 1.0
+    return before, _hit_log(acc, q, x0 / (x0 + x1 + k))
 
 
 @njit(cache=True, error_model="numpy")
@@ -686,6 +731,16 @@ def _count(kind, p0, p1, p2, c, lam, rows, na, a_next, a_last, nb, b_next, b_las
                 # are cached as NaN, except the bracket ends already known).
                 nxt = g_ceil if k == ceil else np.nan
                 lst = g_below if k == floor else np.nan
+            elif kind == HIT_UTILITY and floor < k < ceil:
+                # Both gains beside the guess from one product: the guess is mostly
+                # right, which settles the row; else the search goes on from there.
+                lst, nxt = _hit_gain_pair(p0[i], p1[i], p2[i], k)
+                if nxt > lam:
+                    k, nxt, lst = _crossing(kind, p0[i], p1[i], p2[i], c, lam, k + 1, ceil,
+                                            k + 1, nxt, g_ceil)
+                elif lst <= lam:
+                    k, nxt, lst = _crossing(kind, p0[i], p1[i], p2[i], c, lam, floor, k - 1,
+                                            k - 1, g_below, lst)
             else:
                 k, nxt, lst = _crossing(kind, p0[i], p1[i], p2[i], c, lam, floor, ceil, k,
                                         g_below, g_ceil)
