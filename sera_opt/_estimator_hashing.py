@@ -166,12 +166,13 @@ def _numba_round(ids, success, rows, bits, round_index, first_slot, codes):
     won = kernels.rank_round(table, bits, occupied)
     found = np.empty(count, dtype=np.int64)
     kernels.gather_round(ids_np, rows_np, subset, multiplier, bits, table, found)
-    lost = np.empty(count, dtype=np.bool_)
     num_lost = kernels.finish_round(ids_np, success.view(torch.uint8).numpy(), rows_np, subset,
-                                    multiplier, bits, found, first_slot, codes.numpy(), lost)
-    positions = np.empty(num_lost, dtype=np.int64)
-    if num_lost:
-        kernels.losers(lost, num_lost, rows_np, subset, positions)
+                                    multiplier, bits, found, first_slot, codes.numpy())
+    # The losers' indices are the front of found; copied out only when few, so that the
+    # next round does not keep the whole array alive.
+    positions = found[:num_lost]
+    if 8 * num_lost < count:
+        positions = positions.copy()
     r = _Round(torch.from_numpy(table), torch.from_numpy(occupied), bits, round_index)
     return torch.from_numpy(positions), int(won), r
 

@@ -55,32 +55,24 @@ def gather_round(ids, rows, subset, multiplier, bits, table, found):  # pragma: 
 
 
 @njit(cache=True, nogil=True)
-def finish_round(ids, success, rows, subset, multiplier, bits, found, first_slot, codes,
-                 lost):  # pragma: no cover - compiled
-    """Codes ``2 * (first_slot + rank) + success`` of the winners, ``lost`` flags of all.
+def finish_round(ids, success, rows, subset, multiplier, bits, found, first_slot,
+                 codes):  # pragma: no cover - compiled
+    """Codes ``2 * (first_slot + rank) + success`` of the winners; the losers' rollout
+    indices, in order, into the front of ``found``. Returns the number of losers.
 
     ``found[i] ^ z(id)`` is the rank of the winner's bucket when the id won it,
-    else a value with high bits set. Returns the number of losers; their codes
-    are left as garbage for the next round.
+    else a value with high bits set. The losers' codes are left as garbage for
+    the next round. Each loser's index is written at or before the entry just
+    read, and unconditionally (the count moves by 0 or 1), so the loop has no
+    data-dependent branch and needs no flags array or second pass.
     """
     up = np.uint64(bits)
     num_lost = 0
     for i in range(found.shape[0]):
         j = rows[i] if subset else i
         rank = np.uint64(found[i]) ^ (np.uint64(ids[j]) * multiplier << up)
-        bad = (rank >> up) != 0
-        lost[i] = bad
-        num_lost += np.int64(bad)
+        bad = np.int64((rank >> up) != 0)
         codes[j] = 2 * (first_slot + np.int64(rank)) + success[j]
+        found[num_lost] = j
+        num_lost += bad
     return num_lost
-
-
-@njit(cache=True, nogil=True)
-def losers(lost, count, rows, subset, out):  # pragma: no cover - compiled
-    """The rollout index of each of the ``count`` losers, in order, into ``out``."""
-    k = 0
-    for i in range(lost.shape[0]):
-        out[k] = rows[i] if subset else i
-        k += np.int64(lost[i])
-        if k == count:
-            break
