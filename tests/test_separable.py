@@ -269,20 +269,40 @@ def test_knapsack_counts_certified_by_bounds_equal_the_evaluated_crossing(p, flo
 
 @settings(max_examples=300, deadline=None)
 @given(alpha=st.one_of(st.floats(1e-300, 1e300), st.sampled_from([1.0, 0.5, 1e-30, 1e30])),
-       beta=st.one_of(st.floats(1e-300, 1e300), st.sampled_from([0.0, 1.0, 2.5, 1e-30, 1e30])),
-       k=st.integers(1, 70))
-def test_hit_gain_pair_is_bit_for_bit_two_gains(alpha, beta, k):
-    """The count pass reads the hit utility's gains on both sides of its guess from one
-    product of ratios; they must be exactly the gains that :func:`gain` gives, or rows
-    equal in value would not tie and counts would depend on the route taken."""
+       beta=st.one_of(st.floats(1e-300, 1e300), st.sampled_from([1.0, 2.5, 1e-30, 1e30])),
+       k=st.integers(1, 64), width=st.integers(1, 80), pick=st.integers(0, 72),
+       shift=st.sampled_from([-1, 0, 1, None]))
+def test_hit_utility_walk_reads_gains_bit_for_bit(alpha, beta, k, width, pick, shift):
+    """The count pass walks one product of ratios up from its guess and reads the hit
+    utility's gains on the way: they must be exactly :func:`gain`'s (or rows equal in
+    value would not tie, and counts would depend on the route taken), and the step it
+    settles on must be the first at or below the value."""
     from sera_opt.solvers import _separable_kernels as kernels
 
+    kind = kernels.HIT_UTILITY
     objective = HitUtility(np.array([alpha]), np.array([beta]))
     x = (objective._p0[0], objective._p1[0], objective._p2[0])
-    pair = kernels._hit_gain_pair(*x, k)
-    one = (kernels.gain(kernels.HIT_UTILITY, *x, 0, k - 1),
-           kernels.gain(kernels.HIT_UTILITY, *x, 0, k))
-    assert np.array_equal(np.array(pair), np.array(one), equal_nan=True), (pair, one)
+    ceil = k + width
+
+    def g(step):
+        return kernels.gain(kind, *x, 0, step)
+
+    lam = g(pick)
+    if shift is None:
+        lam = (lam + g(pick + 1)) / 2 if np.isfinite(lam) else lam
+    elif shift:
+        lam = np.nextafter(lam, np.inf if shift > 0 else -np.inf)
+    g_ceil = g(ceil)
+    step, nxt, lst, state = kernels._hit_walk(*x, lam, k, ceil, g_ceil)
+    if state == 1:
+        assert step == k - 1 and nxt == g(k - 1) and nxt <= lam
+        return
+    assert step > k - 1 and lst == g(step - 1) and lst > lam
+    if state == 0:
+        assert step == first_at_or_below(kernels, kind, x, lam, k, ceil)
+        assert nxt == (g_ceil if step == ceil else g(step))
+    else:
+        assert state == 2 and step < ceil and np.isnan(nxt)
 
 
 def test_knapsack_counts_are_mostly_settled_without_evaluating_a_gain():

@@ -503,14 +503,18 @@ def _hit_log(acc, q, r):
 
 
 @njit(cache=True, error_model="numpy")
-def _hit_gain_pair(x0, x1, x2, k):
-    """``(gain(k - 1), gain(k))`` of the hit utility, bit for bit those of :func:`gain`,
-    from one product of ratios where :func:`gain` takes the product (the product to
-    ``k - 1`` is the same sequence of operations as the first ``k - 1`` of the product to
-    ``k``)."""
-    if x0 == 0.0 or x1 == 0.0 or k < 1 or k > _PRODUCT_MAX:
-        return (gain(HIT_UTILITY, x0, x1, x2, 0, k - 1),
-                gain(HIT_UTILITY, x0, x1, x2, 0, k))
+def _hit_walk(x0, x1, x2, lam, k, ceil, g_ceil):
+    """A count pass's search on a hit utility row from its guess ``k`` (``1 <= k <
+    ceil``, ``k <= _PRODUCT_MAX``, ``x0, x1 > 0``), with one product of ratios walked
+    upward: the product to ``k - 1`` is the same sequence of operations as the first
+    ``k - 1`` of the product to ``k``, so each gain is bit for bit :func:`gain`'s.
+
+    Returns ``(k', gain(k'), gain(k' - 1), state)``: ``state`` 0 when ``k'`` is the first
+    step from ``k`` on with a gain at or below ``lam`` (``ceil`` when none; its gain is
+    ``g_ceil``); 1 when ``gain(k - 1)`` is already at or below ``lam`` (the crossing lies
+    lower; ``k' = k - 1``); 2 when the walk stopped above ``lam`` after a few steps or at
+    the end of the product (the search goes on from ``k'``, whose gain is unknown).
+    """
     q = 1.0
     acc = 0.0
     for j in range(k - 1):
@@ -520,11 +524,23 @@ def _hit_gain_pair(x0, x1, x2, k):
             q = 1.0
     j = k - 1
     before = _hit_log(acc, q, x0 / (x0 + x1 + j))
-    q *= (x1 + j) / (x0 + x1 + j)
-    if q < 1e-280:
-        acc += math.log(q)
-        q = 1.0
-    return before, _hit_log(acc, q, x0 / (x0 + x1 + k))
+    if before <= lam:
+        return j, before, np.nan, 1
+    stop = min(k + 4, _PRODUCT_MAX + 1)
+    while True:
+        q *= (x1 + j) / (x0 + x1 + j)
+        if q < 1e-280:
+            acc += math.log(q)
+            q = 1.0
+        j += 1
+        if j == ceil:
+            return j, g_ceil, before, 0
+        if j == stop:
+            return j, np.nan, before, 2
+        g = _hit_log(acc, q, x0 / (x0 + x1 + j))
+        if g <= lam:
+            return j, g, before, 0
+        before = g
 
 
 @njit(cache=True, error_model="numpy")
@@ -731,16 +747,17 @@ def _count(kind, p0, p1, p2, c, lam, rows, na, a_next, a_last, nb, b_next, b_las
                 # are cached as NaN, except the bracket ends already known).
                 nxt = g_ceil if k == ceil else np.nan
                 lst = g_below if k == floor else np.nan
-            elif kind == HIT_UTILITY and floor < k < ceil:
-                # Both gains beside the guess from one product: the guess is mostly
-                # right, which settles the row; else the search goes on from there.
-                lst, nxt = _hit_gain_pair(p0[i], p1[i], p2[i], k)
-                if nxt > lam:
-                    k, nxt, lst = _crossing(kind, p0[i], p1[i], p2[i], c, lam, k + 1, ceil,
-                                            k + 1, nxt, g_ceil)
-                elif lst <= lam:
-                    k, nxt, lst = _crossing(kind, p0[i], p1[i], p2[i], c, lam, floor, k - 1,
-                                            k - 1, g_below, lst)
+            elif (kind == HIT_UTILITY and floor < k < ceil and k <= _PRODUCT_MAX
+                  and p0[i] > 0.0 and p1[i] > 0.0):
+                # The gains beside the guess, and a few above it, from one product: the
+                # guess is mostly right or one step low.
+                k, nxt, lst, state = _hit_walk(p0[i], p1[i], p2[i], lam, k, ceil, g_ceil)
+                if state == 1:
+                    k, nxt, lst = _crossing(kind, p0[i], p1[i], p2[i], c, lam, floor, k, k,
+                                            g_below, nxt)
+                elif state == 2:
+                    k, nxt, lst = _crossing(kind, p0[i], p1[i], p2[i], c, lam, k, ceil, k,
+                                            lst, g_ceil)
             else:
                 k, nxt, lst = _crossing(kind, p0[i], p1[i], p2[i], c, lam, floor, ceil, k,
                                         g_below, g_ceil)
