@@ -385,6 +385,30 @@ def test_subsample_path_equals_exhaustive_sort():
                                       err_msg=type(objective).__name__)
 
 
+@pytest.mark.slow
+def test_state_in_numpy_memory_gives_the_same_counts(monkeypatch):
+    """From 65,536 prompts the kernels keep their per-row state and write the counts in
+    memory that numpy allocates (huge pages). The counts must be those of the kernels'
+    own allocations, bit for bit, and must not be a view of that state."""
+    from sera_opt.solvers import separable
+
+    m = separable._NUMPY_STATE_FROM + 1000
+    rng = np.random.default_rng(11)
+    lo = rng.integers(1, 3, m)
+    hi = lo + rng.integers(0, 10, m)
+    budget = int(rng.integers(lo.sum(), hi.sum() + 1))
+    for ties in (False, True):
+        for objective in objectives_for(rng, m, ties=ties):
+            if objective._kind is None or isinstance(objective, PointLevels):
+                continue
+            counts = solve_separable(objective, budget, lo, hi)
+            assert counts.sum() == budget and counts.base is None
+            with monkeypatch.context() as patch:
+                patch.setattr(separable, "_NUMPY_STATE_FROM", 2 * m)
+                own = solve_separable(objective, budget, lo, hi)
+            np.testing.assert_array_equal(counts, own, err_msg=type(objective).__name__)
+
+
 @pytest.mark.parametrize("edges", [False, True])
 def test_point_levels_reproduce_the_sera_waterline_solver(edges):
     rng = np.random.default_rng(7 + edges)

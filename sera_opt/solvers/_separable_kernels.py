@@ -115,25 +115,41 @@ def _key_below(x, fbuf, ibuf):
     return _key(np.nextafter(x, -_INF), fbuf, ibuf)
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _counts_from(src, out):
+    """A copy of ``src`` as the counts returned: in ``out`` when it has ``src``'s length
+    (memory from numpy, see :func:`solve`), else a new array."""
+    if out.shape[0] != src.shape[0]:
+        return src.copy()
+    out[:] = src
+    return out
+
+
 @njit(cache=True, error_model="numpy")
-def prepare(kind, p0, p1):
-    """The third parameter row: ``lgamma(alpha + beta) - lgamma(beta)`` for the Beta kinds."""
+def prepare(kind, p0, p1, p2):
+    """Write the third parameter row into ``p2``: ``lgamma(alpha + beta) - lgamma(beta)``
+    for the Beta kinds (0 where ``alpha`` or ``beta`` is 0), else 0. Returns ``p2``.
+
+    ``p2`` comes from the caller (numpy), for the reason given in :func:`solve`."""
     m = p0.shape[0]
-    p2 = np.zeros(m, dtype=np.float64)
-    if kind == BETA_LEVELS or kind == HIT_UTILITY:
-        # Posteriors of one strength share alpha + beta (pseudo-counts s p, s (1 - p)):
-        # its log-gamma is computed again only when it changes.
-        last_sum = np.nan
-        lgamma_sum = np.nan
-        for i in range(m):
-            a = p0[i]
-            b = p1[i]
-            if a > 0.0 and b > 0.0:
-                ab = a + b
-                if ab != last_sum:
-                    last_sum = ab
-                    lgamma_sum = math.lgamma(ab)
-                p2[i] = lgamma_sum - math.lgamma(b)
+    if not (kind == BETA_LEVELS or kind == HIT_UTILITY):
+        p2[:] = 0.0
+        return p2
+    # Posteriors of one strength share alpha + beta (pseudo-counts s p, s (1 - p)):
+    # its log-gamma is computed again only when it changes.
+    last_sum = np.nan
+    lgamma_sum = np.nan
+    for i in range(m):
+        a = p0[i]
+        b = p1[i]
+        if a > 0.0 and b > 0.0:
+            ab = a + b
+            if ab != last_sum:
+                last_sum = ab
+                lgamma_sum = math.lgamma(ab)
+            p2[i] = lgamma_sum - math.lgamma(b)
+        else:
+            p2[i] = 0.0
     return p2
 
 
@@ -923,27 +939,43 @@ _CA, _CB, _KEY_A, _KEY_B, _SIDE, _PASSES = 0, 1, 2, 3, 4, 5
 
 
 @njit(cache=True, error_model="numpy")
-def _init_state(kind, p0, p1, p2, c, lo, hi, extremes):
+def _init_state(kind, p0, p1, p2, c, lo, hi, extremes, work_i, work_f, work_g):
     """Bracket (b, a] = (sentinel, +inf]; with ``extremes``, narrowed at once to
-    the rows' extreme gains (one evaluation at each end of every row)."""
+    the rows' extreme gains (one evaluation at each end of every row).
+
+    The per-row state lives in ``work_i`` (int64, 4 rows: the active rows, the counts
+    at both ends, a pass's counts), ``work_f`` (float64, 4 rows: the gains cached at
+    both ends) and ``work_g`` (float64, 2 rows: a pass's gains) when they have a column
+    per row (see :func:`solve`), else in arrays allocated here."""
     m = lo.shape[0]
+    if work_i.shape[1] != m or work_f.shape[1] != m or work_g.shape[1] != m:
+        work_i = np.empty((4, m), dtype=np.int64)
+        work_f = np.empty((4, m), dtype=np.float64)
+        work_g = np.empty((2, m), dtype=np.float64)
     fbuf = np.empty(1, dtype=np.float64)
     ibuf = fbuf.view(np.int64)
     total = 0
-    rows = np.empty(m, dtype=np.int64)
+    rows = work_i[0]
+    na = work_i[1]
+    nb = work_i[2]
+    work_n = work_i[3]
+    a_next = work_f[0]
+    a_last = work_f[1]
+    b_next = work_f[2]
+    b_last = work_f[3]
     r = 0
     for i in range(m):
+        na[i] = lo[i]
+        nb[i] = hi[i]
+        a_next[i] = np.nan
+        a_last[i] = _INF  # everything below lo is taken at any value
+        b_next[i] = -_INF  # nothing from hi on is ever taken
+        b_last[i] = np.nan
         if hi[i] > lo[i]:
             rows[r] = i
             r += 1
             total += hi[i] - lo[i]
     rows = rows[:r]
-    na = lo.copy()
-    a_next = np.full(m, np.nan)
-    a_last = np.full(m, _INF)  # everything below lo is taken at any value
-    nb = hi.copy()
-    b_next = np.full(m, -_INF)  # nothing from hi on is ever taken
-    b_last = np.full(m, np.nan)
     st_i = np.zeros(6, dtype=np.int64)
     st_i[_CB] = total
     st_i[_KEY_A] = _key(_INF, fbuf, ibuf)
@@ -951,8 +983,6 @@ def _init_state(kind, p0, p1, p2, c, lo, hi, extremes):
     if extremes and r > 0:
         _bound_ends(kind, p0, p1, p2, c, lo, hi, st_i, rows, na, a_next, nb, b_last)
     st_f = np.zeros(2, dtype=np.float64)
-    work_n = np.empty(m, dtype=np.int64)
-    work_g = np.empty((2, m), dtype=np.float64)
     return st_i, st_f, rows, na, a_next, a_last, nb, b_next, b_last, work_n, work_g
 
 
@@ -1080,7 +1110,7 @@ def _narrow(kind, p0, p1, p2, c, lo, hi, spare, limit, st_i, st_f, rows, na, a_n
 
 @njit(cache=True, error_model="numpy")
 def _finish(kind, p0, p1, p2, c, lo, hi, spare, maxmin, tie_rtol, limit, st_i, rows, na,
-            a_next, a_last, nb, b_next, b_last):
+            a_next, a_last, nb, b_next, b_last, out):
     """Select the remaining ``spare - ca`` gains from the bracket (b, a]."""
     m = na.shape[0]
     if maxmin and tie_rtol > 0.0:
@@ -1091,7 +1121,7 @@ def _finish(kind, p0, p1, p2, c, lo, hi, spare, maxmin, tie_rtol, limit, st_i, r
     value_a = _unkey(st_i[_KEY_A], fbuf, ibuf)
     need = spare - st_i[_CA]
     if need == 0:
-        return na, value_a
+        return _counts_from(na, out), value_a
     n_bracket = st_i[_CB] - st_i[_CA]
     if st_i[_KEY_B] >= st_i[_KEY_A] - 1 and n_bracket > max(limit, m):
         # Every gain in the bracket equals value_a: a plateau of constant
@@ -1116,7 +1146,7 @@ def _finish(kind, p0, p1, p2, c, lo, hi, spare, maxmin, tie_rtol, limit, st_i, r
                 k_low = mid
             else:
                 k_high = mid - 1
-        counts = na.copy()
+        counts = _counts_from(na, out)
         used = 0
         for j in range(rows.shape[0]):
             i = rows[j]
@@ -1157,7 +1187,7 @@ def _finish(kind, p0, p1, p2, c, lo, hi, spare, maxmin, tie_rtol, limit, st_i, r
         width = tie_rtol * abs(threshold)
     upper = threshold + width
     lower = threshold - width
-    counts = na.copy()
+    counts = _counts_from(na, out)
     above = 0
     n_band = 0
     for e in range(n_bracket):
@@ -1252,7 +1282,7 @@ def _widen(kind, p0, p1, p2, c, lo, hi, tie_rtol, st_i, na, a_next, a_last, nb, 
 
 
 @njit(cache=True, error_model="numpy")
-def _select(kind, p0, p1, p2, c, lo, hi, spare, maxmin, tie_rtol, stats):
+def _select(kind, p0, p1, p2, c, lo, hi, spare, maxmin, tie_rtol, stats, out):
     """Counts of the ``spare`` largest gains (ties as in the module docstring),
     opening on the rows' extreme gains.
 
@@ -1264,19 +1294,20 @@ def _select(kind, p0, p1, p2, c, lo, hi, spare, maxmin, tie_rtol, stats):
     for i in range(lo.shape[0]):
         total += hi[i] - lo[i]
     if spare <= 0:
-        return lo.copy(), _INF
+        return _counts_from(lo, out), _INF
     if spare >= total:
-        return hi.copy(), -_INF
+        return _counts_from(hi, out), -_INF
     limit = max(_COLLECT_MIN, lo.shape[0] >> 3)
     st_i, st_f, rows, na, a_next, a_last, nb, b_next, b_last, w_n, w_g = _init_state(
-        kind, p0, p1, p2, c, lo, hi, True)
+        kind, p0, p1, p2, c, lo, hi, True, np.empty((4, 0), dtype=np.int64),
+        np.empty((4, 0), dtype=np.float64), np.empty((2, 0), dtype=np.float64))
     rows = _narrow(kind, p0, p1, p2, c, lo, hi, spare, limit, st_i, st_f, rows, na, a_next,
                    a_last, nb, b_next, b_last, w_n, w_g)
     stats[0] += st_i[_PASSES]
     stats[1] = st_i[_CB] - st_i[_CA]
     stats[2] = rows.shape[0]
     return _finish(kind, p0, p1, p2, c, lo, hi, spare, maxmin, tie_rtol, limit, st_i, rows, na,
-                   a_next, a_last, nb, b_next, b_last)
+                   a_next, a_last, nb, b_next, b_last, out)
 
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -1369,13 +1400,17 @@ def _closed_count(kind, p0, p1, p2, c, lo, hi, lam, ends, slot):
 
 
 @njit(cache=True, error_model="numpy")
-def _closed_ends(lo, hi, keep):
+def _closed_ends(lo, hi, keep, work):
     """Per-row counts at the bracket's ends: ``ends[slot[0]]`` at ``a`` (``lo`` while ``a``
     lies above every gain), ``ends[slot[1]]`` at ``b`` (``hi`` while ``b`` lies below
     them), ``ends[slot[2]]`` the work row a pass writes, and ``known`` whether each end's
-    row is up to date. Without ``keep``, no rows (a search that only needs the values)."""
+    row is up to date. Without ``keep``, no rows (a search that only needs the values).
+    The rows are the first three of ``work`` when it has a column per row."""
     m = lo.shape[0] if keep else 0
-    ends = np.empty((3, m), dtype=np.int64)
+    if work.shape[0] >= 3 and work.shape[1] == m and m > 0:
+        ends = work[:3]
+    else:
+        ends = np.empty((3, m), dtype=np.int64)
     if keep:
         ends[0] = lo
         ends[1] = hi
@@ -1544,7 +1579,7 @@ def _closed_level(kind, p0, p1, p2, c, lo, hi, spare, fbuf, ibuf):
     for i in range(lo.shape[0]):
         total += hi[i] - lo[i]
     passes = np.zeros(1, dtype=np.int64)
-    ends, slot, known = _closed_ends(lo, hi, False)
+    ends, slot, known = _closed_ends(lo, hi, False, np.empty((3, 0), dtype=np.int64))
     key_a, key_b, c_a, c_b = _closed_extremes(kind, p0, p1, p2, c, lo, hi, spare, total, fbuf,
                                               ibuf, passes, ends, slot, known)
     key_a, key_b, c_a, c_b = _closed_narrow(kind, p0, p1, p2, c, lo, hi, spare,
@@ -1558,7 +1593,7 @@ def _closed_level(kind, p0, p1, p2, c, lo, hi, spare, fbuf, ibuf):
 
 
 @njit(cache=True, error_model="numpy")
-def _solve_closed(kind, p0, p1, p2, c, lo, hi, spare, stats):
+def _solve_closed(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out):
     """The engine for max-sum kinds whose crossings are known in closed form.
 
     Above ``_CLOSED_SUBSAMPLE_FROM`` rows, a strided subsample searched the same way
@@ -1582,7 +1617,7 @@ def _solve_closed(kind, p0, p1, p2, c, lo, hi, spare, stats):
     key_b = _key(-_INF, fbuf, ibuf) - 1
     c_a = 0
     c_b = total
-    ends, slot, known = _closed_ends(lo, hi, True)
+    ends, slot, known = _closed_ends(lo, hi, True, work_i)
     if m < _CLOSED_SUBSAMPLE_FROM:
         key_a, key_b, c_a, c_b = _closed_extremes(kind, p0, p1, p2, c, lo, hi, spare, total,
                                                   fbuf, ibuf, stats, ends, slot, known)
@@ -1605,7 +1640,7 @@ def _solve_closed(kind, p0, p1, p2, c, lo, hi, spare, stats):
                 # Exact: with tied gains its threshold is one of the tied values, which
                 # the full bracket then closes on at once.
                 _, lam = _select(kind, q0, q1, q2, c, lo_s, hi_s, target, False, 0.0,
-                                 sub_stats)
+                                 sub_stats, np.empty(0, dtype=np.int64))
             else:
                 lam = _closed_level(kind, q0, q1, q2, c, lo_s, hi_s, target, fbuf, ibuf)
             stats[3] += 1
@@ -1628,7 +1663,7 @@ def _solve_closed(kind, p0, p1, p2, c, lo, hi, spare, stats):
             # rows' extremes rather than bisect the whole float range.
             # Values only: which per-row counts the merged ends have is not tracked here,
             # so the last pass finds them again.
-            none, none_slot, _ = _closed_ends(lo, hi, False)
+            none, none_slot, _ = _closed_ends(lo, hi, False, np.empty((3, 0), dtype=np.int64))
             top_a, top_b, top_ca, top_cb = _closed_extremes(kind, p0, p1, p2, c, lo, hi,
                                                             spare, total, fbuf, ibuf, stats,
                                                             none, none_slot, known)
@@ -1673,9 +1708,9 @@ def _solve_closed(kind, p0, p1, p2, c, lo, hi, spare, stats):
             # As below: the bracket's per-row steps must hold what is left to hand out.
             raise RuntimeError("separable engine: the closed-form bracket does not hold "
                                "the threshold")
-        return _water_fill(starts, stops, spare - c_a)
+        return _water_fill(starts, stops, spare - c_a, out)
     # Counts at a (all gains > a taken) and the gains in (b, a].
-    counts = starts.copy()
+    counts = _counts_from(starts, out)
     n_collect = 0
     for i in range(m):
         n_collect += max(stops[i] - starts[i], 0)
@@ -1722,12 +1757,12 @@ def _solve_closed(kind, p0, p1, p2, c, lo, hi, spare, stats):
 
 
 @njit(cache=True, error_model="numpy")
-def _water_fill(starts, stops, left):
+def _water_fill(starts, stops, left, out):
     """``starts`` plus ``left`` steps taken one at a time from the tied ranges
     ``[starts_i, stops_i)``, the row with the fewest rollouts first, then the lower
     index (the tie rule of sums)."""
     m = starts.shape[0]
-    counts = starts.copy()
+    counts = _counts_from(starts, out)
     k_low = np.int64(0)
     k_high = np.int64(0)
     first = True
@@ -1762,8 +1797,16 @@ def _water_fill(starts, stops, left):
 
 
 @njit(cache=True, error_model="numpy")
-def solve(kind, p0, p1, p2, c, lo, hi, spare, maxmin, tie_rtol, stats):
+def solve(kind, p0, p1, p2, c, lo, hi, spare, maxmin, tie_rtol, stats, work_i, work_f, work_g,
+          out):
     """Exact counts for ``spare`` rollouts over rows ``[lo, hi)`` (see module docstring).
+
+    ``work_i`` (int64, shape (4, M)), ``work_f`` (float64, (4, M)) and ``work_g``
+    (float64, (2, M)) hold the per-row state when they have M columns (else it is
+    allocated here): allocated by numpy, which asks the kernel for transparent huge
+    pages, the first writes to that state cost a fraction of what they cost in memory
+    that numba allocates (``work_i`` also holds the closed-form engine's counts). The
+    counts are written into ``out`` (int64, shape (M,)) likewise, when it has M entries.
 
     For large ``M`` the first trial values come from a strided subsample of
     ``_SUBSAMPLE`` rows solved exactly for its share of the budget; after each
@@ -1778,19 +1821,19 @@ def solve(kind, p0, p1, p2, c, lo, hi, spare, maxmin, tie_rtol, stats):
     for i in range(m):
         total += hi[i] - lo[i]
     if spare <= 0:
-        return lo.copy()
+        return _counts_from(lo, out)
     if spare >= total:
-        return hi.copy()
+        return _counts_from(hi, out)
     if _closed_form(kind):
-        return _solve_closed(kind, p0, p1, p2, c, lo, hi, spare, stats)
+        return _solve_closed(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out)
     if m < _SUBSAMPLE_FROM:
-        counts, _ = _select(kind, p0, p1, p2, c, lo, hi, spare, maxmin, tie_rtol, stats)
+        counts, _ = _select(kind, p0, p1, p2, c, lo, hi, spare, maxmin, tie_rtol, stats, out)
         return counts
     limit = max(_COLLECT_MIN, m >> 3)
     q0, q1, q2, lo_s, hi_s, cap_s, scale = _strided_subsample(p0, p1, p2, lo, hi,
                                                               m // _SUBSAMPLE)
     st_i, st_f, rows, na, a_next, a_last, nb, b_next, b_last, w_n, w_g = _init_state(
-        kind, p0, p1, p2, c, lo, hi, False)
+        kind, p0, p1, p2, c, lo, hi, False, work_i, work_f, work_g)
     share = spare * scale
     sub_stats = np.zeros(3, dtype=np.int64)
     for _ in range(_NEWTON_ROUNDS):
@@ -1799,7 +1842,8 @@ def solve(kind, p0, p1, p2, c, lo, hi, spare, maxmin, tie_rtol, stats):
         target = np.int64(round(share))
         if target <= 0 or target >= cap_s:
             break
-        _, lam = _select(kind, q0, q1, q2, c, lo_s, hi_s, target, maxmin, 0.0, sub_stats)
+        _, lam = _select(kind, q0, q1, q2, c, lo_s, hi_s, target, maxmin, 0.0, sub_stats,
+                         np.empty(0, dtype=np.int64))
         stats[3] += 1
         rows, cnt = _try_pass(kind, p0, p1, p2, c, spare, lam, st_i, st_f, rows, na, a_next,
                               a_last, nb, b_next, b_last, w_n, w_g)
@@ -1812,7 +1856,7 @@ def solve(kind, p0, p1, p2, c, lo, hi, spare, maxmin, tie_rtol, stats):
     stats[1] = st_i[_CB] - st_i[_CA]
     stats[2] = rows.shape[0]
     counts, _ = _finish(kind, p0, p1, p2, c, lo, hi, spare, maxmin, tie_rtol, limit, st_i,
-                        rows, na, a_next, a_last, nb, b_next, b_last)
+                        rows, na, a_next, a_last, nb, b_next, b_last, out)
     return counts
 
 

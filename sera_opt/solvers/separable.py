@@ -246,9 +246,20 @@ class SeparableObjective:
         if self._kind is not None:
             kernels = _jit.kernels("sera_opt.solvers._separable_kernels")
             p0, p1, p2 = (np.ascontiguousarray(x[idx]) for x in self._params())
+            # The engine's per-row state and the counts, from numpy: it asks the kernel
+            # for transparent huge pages, so that first writing 10^6 rows of state takes
+            # about half the time it takes in memory numba allocates (numba allocates them
+            # below this size).
+            m = lo.shape[0] if lo.shape[0] >= _NUMPY_STATE_FROM else 0
             return kernels.solve(self._kind, p0, p1, p2, self.offset, lo, hi, spare,
-                                 self.sense == "max-min", self._tie_rtol, stats)
+                                 self.sense == "max-min", self._tie_rtol, stats,
+                                 np.empty((4, m), dtype=np.int64), np.empty((4, m)),
+                                 np.empty((2, m)), np.empty(m, dtype=np.int64))
         return _numpy_select(self, idx, lo, hi, spare)
+
+
+#: From this many prompts on, the kernels' per-row state is allocated by numpy.
+_NUMPY_STATE_FROM = 1 << 16
 
 
 class _KernelObjective(SeparableObjective):
@@ -354,7 +365,7 @@ class BetaLevels(_KernelObjective):
         kernels = _jit.kernels("sera_opt.solvers._separable_kernels")
         a, b = validate_beta_posterior(alpha, beta)
         super().__init__(a, b, offset=offset)
-        self._p2 = kernels.prepare(self._kind, self._p0, self._p1)
+        self._p2 = kernels.prepare(self._kind, self._p0, self._p1, np.empty_like(self._p0))
 
     def edges(self):
         return self._p0 == 0, self._p1 == 0
@@ -402,7 +413,7 @@ class HitUtility(_KernelObjective):
         kernels = _jit.kernels("sera_opt.solvers._separable_kernels")
         a, b = validate_beta_posterior(alpha, beta)
         super().__init__(a, b)
-        self._p2 = kernels.prepare(self._kind, self._p0, self._p1)
+        self._p2 = kernels.prepare(self._kind, self._p0, self._p1, np.empty_like(self._p0))
 
 
 class PointHitUtility(_PointProbabilityObjective):
