@@ -395,8 +395,13 @@ def _knapsack_count(x0, x1, x2, log_lam, floor, ceil):
     for _ in range(3):
         if k >= ceil:
             return k
-        x = math.exp((k - 1) * log_rho)
         d = (k - g) * -log_r  # log lam - log D(k)
+        t = (k - 1) * -log_rho
+        if t >= 0.0 and d > (1.0 + 1e-12) / (1.0 + t * (1.0 + t * (0.5 + t / 6.0))) + tol:
+            # rho^(k - 1) = exp(-t) <= 1 / (1 + t + t^2 / 2 + t^3 / 6), which bounds the
+            # log1p above: settled without the exponential.
+            return k
+        x = math.exp((k - 1) * log_rho)
         # 2 x / (2 + x) <= log1p(x) <= x (6 + x) / (6 + 4 x) for x >= 0.
         if d > x * (6.0 + x) / (6.0 + 4.0 * x) * (1.0 + 1e-12) + tol:
             return k
