@@ -246,7 +246,7 @@ def test_knapsack_counts_certified_by_bounds_equal_the_evaluated_crossing(p, flo
     from sera_opt.solvers import _separable_kernels as kernels
 
     objective = KnapsackValue(np.array([p]))
-    x = (objective._p0[0], objective._p1[0], objective._p2[0])
+    x = tuple(row[0] for row in objective._params())
     ceil = floor + width
     lam = kernels.gain(kernels.KNAPSACK, *x, 0, pick)
     if shift is None:
@@ -281,7 +281,7 @@ def test_hit_utility_walk_reads_gains_bit_for_bit(alpha, beta, k, width, pick, s
 
     kind = kernels.HIT_UTILITY
     objective = HitUtility(np.array([alpha]), np.array([beta]))
-    x = (objective._p0[0], objective._p1[0], objective._p2[0])
+    x = tuple(row[0] for row in objective._params())
     ceil = k + width
 
     def g(step):
@@ -383,6 +383,30 @@ def test_subsample_path_equals_exhaustive_sort():
             assert stats[3] >= 1, "the subsample path was not taken"
         np.testing.assert_array_equal(counts, sorted_reference(objective, budget, lo, hi),
                                       err_msg=type(objective).__name__)
+
+
+@pytest.mark.parametrize("m", [3000, 40_000])
+def test_beta_objectives_solve_alike_with_the_guess_row_and_the_exact_one(m):
+    """A solve whose bounds keep every gain within the product of ratios reads the
+    log-gamma row only through its guess, so it gets a cheaper approximation of it; the
+    counts must be those of the exact row, and larger bounds must prepare the exact row."""
+    rng = np.random.default_rng(m)
+    lo = rng.integers(1, 3, m)
+    hi = lo + rng.integers(0, 12, m)
+    budget = int(rng.integers(lo.sum(), hi.sum() + 1))
+    for ties in (False, True):
+        objectives = objectives_for(rng, m, ties=ties)
+        for make in (lambda o: BetaLevels(o._p0, o._p1, offset=1), lambda o: HitUtility(o._p0, o._p1)):
+            source = next(o for o in objectives if isinstance(o, HitUtility))
+            cheap, exact = make(source), make(source)
+            exact._params()  # prepares the exact row, which every later solve reads
+            counts = solve_separable(cheap, budget, lo, hi)
+            assert cheap._p2 is None and cheap._p2_guess is not None
+            np.testing.assert_array_equal(counts, solve_separable(exact, budget, lo, hi),
+                                          err_msg=type(cheap).__name__)
+            far = hi + 60  # beyond the product of ratios: the exact row
+            solve_separable(cheap, int(lo.sum() + 0.5 * (far - lo).sum()), lo, far)
+            assert cheap._p2 is not None
 
 
 @pytest.mark.slow

@@ -126,14 +126,25 @@ def _counts_from(src, out):
 
 
 @njit(cache=True, error_model="numpy")
-def prepare(kind, p0, p1, p2):
+def prepare(kind, p0, p1, p2, exact):
     """Write the third parameter row into ``p2``: ``lgamma(alpha + beta) - lgamma(beta)``
     for the Beta kinds (0 where ``alpha`` or ``beta`` is 0), else 0. Returns ``p2``.
 
+    The Beta kinds' gains read this row only beyond ``_PRODUCT_MAX`` effective rollouts
+    (below, they take the product of ratios); below, only the guess of a count pass reads
+    it. Without ``exact`` the row is the guess's own approximation ``alpha log(beta +
+    max(alpha - 1, 0) / 2)`` (one log a prompt instead of a log-gamma), valid for solves
+    whose bounds keep every gain evaluated below that limit (the caller checks).
     ``p2`` comes from the caller (numpy), for the reason given in :func:`solve`."""
     m = p0.shape[0]
     if not (kind == BETA_LEVELS or kind == HIT_UTILITY):
         p2[:] = 0.0
+        return p2
+    if not exact:
+        for i in range(m):
+            a = p0[i]
+            b = p1[i]
+            p2[i] = a * math.log(b + 0.5 * max(a - 1.0, 0.0)) if a > 0.0 and b > 0.0 else 0.0
         return p2
     # Posteriors of one strength share alpha + beta (pseudo-counts s p, s (1 - p)):
     # its log-gamma is computed again only when it changes.

@@ -240,12 +240,16 @@ class SeparableObjective:
     def _params(self):
         return self._p0, self._p1, self._p2
 
+    def _solve_params(self, hi: np.ndarray):
+        """The parameter rows a solve with upper bounds ``hi`` reads."""
+        return self._params()
+
     def _solve_rows(self, idx, lo, hi, spare, stats) -> np.ndarray:
         """Counts for the rows ``idx`` (a slice or index array) with bounds ``lo``, ``hi``
         (already restricted to them) and ``spare`` rollouts above ``sum(lo)``."""
         if self._kind is not None:
             kernels = _jit.kernels("sera_opt.solvers._separable_kernels")
-            p0, p1, p2 = (np.ascontiguousarray(x[idx]) for x in self._params())
+            p0, p1, p2 = (np.ascontiguousarray(x[idx]) for x in self._solve_params(hi))
             # The engine's per-row state and the counts, from numpy: it asks the kernel
             # for transparent huge pages, so that first writing 10^6 rows of state takes
             # about half the time it takes in memory numba allocates (numba allocates them
@@ -345,7 +349,41 @@ def _linear_fill(rates, m_lo, cap, extra, hint=math.nan) -> np.ndarray:
     return counts - lo
 
 
-class BetaLevels(_KernelObjective):
+class _BetaObjective(_KernelObjective):
+    """A Beta posterior's kernel rows: ``alpha``, ``beta`` and ``lgamma(alpha + beta) -
+    lgamma(beta)``. The gains read that log-gamma row only beyond ``_PRODUCT_MAX``
+    effective rollouts, and a count pass's guess reads it at any count; so a solve whose
+    bounds keep every gain below that limit gets the guess's approximation instead (one
+    log a prompt, against a log-gamma), and the exact row is prepared when first needed
+    (a solve with larger bounds, :meth:`gains`, :meth:`terms`)."""
+
+    def __init__(self, alpha, beta, offset: int = 0):
+        a, b = validate_beta_posterior(alpha, beta)
+        super().__init__(a, b, offset=offset)
+        self._p2 = None
+        self._p2_guess = None
+
+    def _prepared(self, exact: bool) -> np.ndarray:
+        kernels = _jit.kernels("sera_opt.solvers._separable_kernels")
+        return kernels.prepare(self._kind, self._p0, self._p1, np.empty_like(self._p0), exact)
+
+    def _params(self):
+        if self._p2 is None:
+            self._p2 = self._prepared(True)
+        return self._p0, self._p1, self._p2
+
+    def _solve_params(self, hi: np.ndarray):
+        kernels = _jit.kernels("sera_opt.solvers._separable_kernels")
+        # Gains are evaluated at counts up to hi (the tie rule reads the next one).
+        effective = int(hi.max()) - (self.offset if self._kind == kernels.BETA_LEVELS else 0)
+        if self._p2 is not None or hi.size == 0 or effective > kernels._PRODUCT_MAX:
+            return self._params()
+        if self._p2_guess is None:
+            self._p2_guess = self._prepared(False)
+        return self._p0, self._p1, self._p2_guess
+
+
+class BetaLevels(_BetaObjective):
     """Levels of the expected factor under a Beta posterior (max-min).
 
     ``l_i(n) = -log E[(1 - p_i)^(n - c)]`` with ``p_i ~ Beta(alpha_i, beta_i)``,
@@ -360,12 +398,6 @@ class BetaLevels(_KernelObjective):
     sense = "max-min"
     _kind = 1
     _tie_rtol = 1e-10
-
-    def __init__(self, alpha, beta, offset: int = 0):
-        kernels = _jit.kernels("sera_opt.solvers._separable_kernels")
-        a, b = validate_beta_posterior(alpha, beta)
-        super().__init__(a, b, offset=offset)
-        self._p2 = kernels.prepare(self._kind, self._p0, self._p1, np.empty_like(self._p0))
 
     def edges(self):
         return self._p0 == 0, self._p1 == 0
@@ -399,7 +431,7 @@ class KnapsackValue(_PointProbabilityObjective):
     _kind = 2
 
 
-class HitUtility(_KernelObjective):
+class HitUtility(_BetaObjective):
     """HORA's hit utility ``1 - E[(1 - p)^n]`` under ``Beta(alpha, beta)`` (max-sum).
 
     Its marginal gain ``E[(1 - p)^n p]`` is compared in log space, so that
@@ -410,10 +442,7 @@ class HitUtility(_KernelObjective):
     _kind = 3
 
     def __init__(self, alpha, beta):
-        kernels = _jit.kernels("sera_opt.solvers._separable_kernels")
-        a, b = validate_beta_posterior(alpha, beta)
-        super().__init__(a, b)
-        self._p2 = kernels.prepare(self._kind, self._p0, self._p1, np.empty_like(self._p0))
+        super().__init__(alpha, beta)
 
 
 class PointHitUtility(_PointProbabilityObjective):
