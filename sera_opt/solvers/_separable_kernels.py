@@ -175,15 +175,33 @@ def _log_beta_moment(a, b, lgamma_ratio, m):
     log-gamma difference (``lgamma_ratio = lgamma(a + b) - lgamma(b)``).
     """
     if m <= _PRODUCT_MAX:
-        q = 1.0
-        acc = 0.0
-        for j in range(m):
-            q *= (b + j) / (a + b + j)
-            if q < 1e-280:
-                acc += math.log(q)
-                q = 1.0
+        acc, q = _ratio_product(a, b, m)
         return acc + math.log(q)
     return lgamma_ratio + _lgamma_diff(b + m, a)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _ratio_step(a, b, j, acc, q):
+    """The product of ratios of :func:`_log_beta_moment` times ``(b + j) / (a + b + j)``,
+    as ``(acc, q)``: the log of what was rescaled away, and the rest (rescaled below
+    1e-280 so that it never underflows)."""
+    q *= (b + j) / (a + b + j)
+    if q < 1e-280:
+        acc += math.log(q)
+        q = 1.0
+    return acc, q
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _ratio_product(a, b, m):
+    """``prod_{j < m} (b + j) / (a + b + j)`` as :func:`_ratio_step`'s ``(acc, q)``. Every
+    product of ratios goes through these two, so that products to the same ``m`` are the
+    same sequence of operations, bit for bit."""
+    acc = 0.0
+    q = 1.0
+    for j in range(m):
+        acc, q = _ratio_step(a, b, j, acc, q)
+    return acc, q
 
 
 # From this argument on, lgamma(x) - lgamma(x + a) is formed from Stirling's series:
@@ -488,13 +506,7 @@ def gain(kind, x0, x1, x2, c, k):
             return 0.0 if k == 0 else -_INF
         if k > _PRODUCT_MAX:
             return _log_beta_moment(x0, x1, x2, k) + math.log(x0 / (x0 + x1 + k))
-        q = 1.0
-        acc = 0.0
-        for j in range(k):
-            q *= (x1 + j) / (x0 + x1 + j)
-            if q < 1e-280:
-                acc += math.log(q)
-                q = 1.0
+        acc, q = _ratio_product(x0, x1, k)
         return _hit_log(acc, q, x0 / (x0 + x1 + k))
     if kind == RLOO_VARIANCE:
         if k <= 1:
@@ -547,23 +559,14 @@ def _hit_walk(x0, x1, x2, lam, k, ceil, g_ceil):
     lower; ``k' = k - 1``); 2 when the walk stopped above ``lam`` after a few steps or at
     the end of the product (the search goes on from ``k'``, whose gain is unknown).
     """
-    q = 1.0
-    acc = 0.0
-    for j in range(k - 1):
-        q *= (x1 + j) / (x0 + x1 + j)
-        if q < 1e-280:
-            acc += math.log(q)
-            q = 1.0
+    acc, q = _ratio_product(x0, x1, k - 1)
     j = k - 1
     before = _hit_log(acc, q, x0 / (x0 + x1 + j))
     if before <= lam:
         return j, before, np.nan, 1
     stop = min(k + 4, _PRODUCT_MAX + 1)
     while True:
-        q *= (x1 + j) / (x0 + x1 + j)
-        if q < 1e-280:
-            acc += math.log(q)
-            q = 1.0
+        acc, q = _ratio_step(x0, x1, j, acc, q)
         j += 1
         if j == ceil:
             return j, g_ceil, before, 0
