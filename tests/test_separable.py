@@ -407,6 +407,9 @@ def test_beta_objectives_solve_alike_with_the_guess_row_and_the_exact_one(m):
             far = hi + 60  # beyond the product of ratios: the exact row
             solve_separable(cheap, int(lo.sum() + 0.5 * (far - lo).sum()), lo, far)
             assert cheap._p2 is not None
+    for empty in (BetaLevels(np.zeros(0), np.zeros(0)), HitUtility(np.zeros(0), np.zeros(0))):
+        none = np.zeros(0, dtype=np.int64)
+        assert solve_separable(empty, 0, none, none).shape == (0,)
 
 
 @pytest.mark.slow

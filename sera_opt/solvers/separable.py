@@ -374,9 +374,11 @@ class _BetaObjective(_KernelObjective):
 
     def _solve_params(self, hi: np.ndarray):
         kernels = _jit.kernels("sera_opt.solvers._separable_kernels")
+        if self._p2 is not None or hi.size == 0:
+            return self._params()
         # Gains are evaluated at counts up to hi (the tie rule reads the next one).
         effective = int(hi.max()) - (self.offset if self._kind == kernels.BETA_LEVELS else 0)
-        if self._p2 is not None or hi.size == 0 or effective > kernels._PRODUCT_MAX:
+        if effective > kernels._PRODUCT_MAX:
             return self._params()
         if self._p2_guess is None:
             self._p2_guess = self._prepared(False)
