@@ -108,17 +108,18 @@ def _round_ids(r: _Round) -> torch.Tensor:
     return y * _INVERSES[r.round_index]
 
 
-def _torch_round(ids, success, rows, bits, round_index, first_slot, codes):
+def _torch_round(ids, success, rows, bits, round_index, first_slot, codes, carry=None):
     """One round with torch ops over all rollouts (``rows`` None) or the listed ones.
 
-    Writes the winners' codes; returns (the losers' rollout indices, winners, round).
+    Writes the winners' codes; returns (the losers' rollout indices, winners, round,
+    None): ``carry`` is :func:`_numba_round`'s, unused here.
     """
     if rows is not None:
         sub_codes = codes.new_empty(rows.shape)
-        lost, won, r = _torch_round(ids.index_select(0, rows), success.index_select(0, rows),
-                                    None, bits, round_index, first_slot, sub_codes)
+        lost, won, r, _ = _torch_round(ids.index_select(0, rows), success.index_select(0, rows),
+                                       None, bits, round_index, first_slot, sub_codes)
         codes.index_copy_(0, rows, sub_codes)
-        return rows.index_select(0, lost), won, r
+        return rows.index_select(0, lost), won, r, None
     size = 1 << bits
     y = torch.mul(ids, _MULTIPLIERS[round_index])
     # The top bits, as an unsigned number (the shift is arithmetic, the mask undoes it).
@@ -144,11 +145,16 @@ def _torch_round(ids, success, rows, bits, round_index, first_slot, codes):
     any_lost, won = (int(v) for v in
                      torch.cat([lost.view(torch.uint8).amax().reshape(1).long(), winners]).tolist())
     positions = torch.nonzero(lost).squeeze(1) if any_lost else lost.new_zeros(0, dtype=torch.int64)
-    return positions, won, _Round(table, occupied, bits, round_index)
+    return positions, won, _Round(table, occupied, bits, round_index), None
 
 
-def _numba_round(ids, success, rows, bits, round_index, first_slot, codes):
-    """The same round as :func:`_torch_round`, by the fused CPU kernels."""
+def _numba_round(ids, success, rows, bits, round_index, first_slot, codes, carry=None):
+    """The same round as :func:`_torch_round`, by the fused CPU kernels.
+
+    ``carry`` is what the previous round left for this one: its losers' ids and outcomes
+    as compact numpy arrays, in the order of ``rows`` (None for the first round, which
+    reads every rollout). Returns (the losers' rollout indices, winners, round, carry).
+    """
     import numpy as np
 
     from . import _jit
@@ -158,23 +164,33 @@ def _numba_round(ids, success, rows, bits, round_index, first_slot, codes):
     multiplier = np.uint64(_MULTIPLIERS_U64[round_index])
     subset = rows is not None
     rows_np = rows.numpy() if subset else np.zeros(0, dtype=np.int64)
-    ids_np = ids.numpy()
-    count = rows_np.shape[0] if subset else ids_np.shape[0]
+    if carry is None:
+        ids_np, success_np = ids.numpy(), success.view(torch.uint8).numpy()
+        if subset:
+            ids_np, success_np = ids_np[rows_np], success_np[rows_np]
+    else:
+        ids_np, success_np = carry
+    count = ids_np.shape[0]
     table = np.full(1 << bits, -1, dtype=np.int64)
     occupied = np.empty(1 << bits, dtype=np.bool_)
-    kernels.scatter_round(ids_np, rows_np, subset, multiplier, bits, table)
+    every = np.zeros(0, dtype=np.int64)  # the round's ids are contiguous: no index list
+    kernels.scatter_round(ids_np, every, False, multiplier, bits, table)
     won = kernels.rank_round(table, bits, occupied)
     found = np.empty(count, dtype=np.int64)
-    kernels.gather_round(ids_np, rows_np, subset, multiplier, bits, table, found)
-    num_lost = kernels.finish_round(ids_np, success.view(torch.uint8).numpy(), rows_np, subset,
-                                    multiplier, bits, found, first_slot, codes.numpy())
-    # The losers' indices are the front of found; copied out only when few, so that the
-    # next round does not keep the whole array alive.
+    kernels.gather_round(ids_np, every, False, multiplier, bits, table, found)
+    lost_ids = np.empty(count, dtype=np.int64)
+    lost_success = np.empty(count, dtype=np.uint8)
+    num_lost = kernels.finish_round(ids_np, success_np, rows_np, subset, multiplier, bits,
+                                    found, first_slot, codes.numpy(), lost_ids, lost_success)
+    # The losers are the fronts of these arrays; copied out only when few, so that the
+    # next round does not keep the whole arrays alive.
     positions = found[:num_lost]
+    carry = (lost_ids[:num_lost], lost_success[:num_lost])
     if 8 * num_lost < count:
         positions = positions.copy()
+        carry = (carry[0].copy(), carry[1].copy())
     r = _Round(torch.from_numpy(table), torch.from_numpy(occupied), bits, round_index)
-    return torch.from_numpy(positions), int(won), r
+    return torch.from_numpy(positions), int(won), r, carry
 
 
 def _numba_available() -> bool:
@@ -206,15 +222,16 @@ def hashed_codes(ids: torch.Tensor, success: torch.Tensor, codes: torch.Tensor, 
         return HashedSlots(0, (), None)
     if backend == "numba":
         ids, success = ids.contiguous(), success.contiguous()
-    rows, num_slots, first = one_round(ids, success, None, table_bits(n, per_slot), 0, 0, codes)
+    rows, num_slots, first, carry = one_round(ids, success, None, table_bits(n, per_slot), 0, 0,
+                                              codes)
     rounds = [first]
     while rows.numel() and len(rounds) < _MAX_ROUNDS:
         # The losers' distinct ids, estimated from the rollouts per id of the winners
         # (and never more than the losing rollouts, which bounds the table by O(N)).
         lost = rows.numel()
         distinct = max(1, min(lost, round(lost * num_slots / max(1, n - lost))))
-        rows, won, r = one_round(ids, success, rows, table_bits(distinct, 1 / 8), len(rounds),
-                                 num_slots, codes)
+        rows, won, r, carry = one_round(ids, success, rows, table_bits(distinct, 1 / 8),
+                                        len(rounds), num_slots, codes, carry)
         rounds.append(r)
         num_slots += won
     rest = None

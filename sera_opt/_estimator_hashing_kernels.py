@@ -4,8 +4,9 @@ They compute exactly what the torch ops of :mod:`._estimator_hashing` compute
 (the same multipliers, buckets, table layout, ranks and loser order; see
 there), in three passes over a round's rollouts (scatter, gather, finish)
 without the temporaries that separate torch ops need. A round after the first
-works on the rollouts listed in ``rows`` (``subset=True``) in place, so the
-losers' ids and codes are never copied out and back. No loop has
+reads its losers' ids and outcomes from the compact arrays the previous round's
+finishing pass wrote (contiguous, so its scatter and gather read them in order) and
+writes their codes in place through ``rows``. No loop has
 data-dependent control flow or a loop-carried dependence on a table read, so
 the random accesses of consecutive rollouts overlap.
 """
@@ -55,24 +56,32 @@ def gather_round(ids, rows, subset, multiplier, bits, table, found):  # pragma: 
 
 
 @njit(cache=True, nogil=True)
-def finish_round(ids, success, rows, subset, multiplier, bits, found, first_slot,
-                 codes):  # pragma: no cover - compiled
+def finish_round(ids, success, rows, subset, multiplier, bits, found, first_slot, codes,
+                 lost_ids, lost_success):  # pragma: no cover - compiled
     """Codes ``2 * (first_slot + rank) + success`` of the winners; the losers' rollout
-    indices, in order, into the front of ``found``. Returns the number of losers.
+    indices, in order, into the front of ``found``, and their ids and outcomes into the
+    fronts of ``lost_ids`` and ``lost_success`` (the next round's compact input). Returns
+    the number of losers.
 
-    ``found[i] ^ z(id)`` is the rank of the winner's bucket when the id won it,
-    else a value with high bits set. The losers' codes are left as garbage for
-    the next round. Each loser's index is written at or before the entry just
-    read, and unconditionally (the count moves by 0 or 1), so the loop has no
+    ``ids`` and ``success`` are the round's own, in order: every rollout's (the first
+    round) or the previous round's losers' (``subset``, with ``rows`` their rollout
+    indices, where their codes are written). ``found[i] ^ z(id)`` is the rank of the
+    winner's bucket when the id won it, else a value with high bits set. The losers'
+    codes are left as garbage for the next round. Each loser is written at or before the
+    entry just read, and unconditionally (the count moves by 0 or 1), so the loop has no
     data-dependent branch and needs no flags array or second pass.
     """
     up = np.uint64(bits)
     num_lost = 0
     for i in range(found.shape[0]):
         j = rows[i] if subset else i
-        rank = np.uint64(found[i]) ^ (np.uint64(ids[j]) * multiplier << up)
+        x = ids[i]
+        s = success[i]
+        rank = np.uint64(found[i]) ^ (np.uint64(x) * multiplier << up)
         bad = np.int64((rank >> up) != 0)
-        codes[j] = 2 * (first_slot + np.int64(rank)) + success[j]
+        codes[j] = 2 * (first_slot + np.int64(rank)) + s
         found[num_lost] = j
+        lost_ids[num_lost] = x
+        lost_success[num_lost] = s
         num_lost += bad
     return num_lost
