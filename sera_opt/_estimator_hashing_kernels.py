@@ -61,7 +61,8 @@ def finish_round(ids, success, rows, subset, multiplier, bits, found, first_slot
     """Codes ``2 * (first_slot + rank) + success`` of the winners; the losers' rollout
     indices, in order, into the front of ``found``, and their ids and outcomes into the
     fronts of ``lost_ids`` and ``lost_success`` (the next round's compact input). Returns
-    the number of losers.
+    the number of losers. Empty ``lost_ids`` and ``lost_success`` ask for the indices
+    only.
 
     ``ids`` and ``success`` are the round's own, in order: every rollout's (the first
     round) or the previous round's losers' (``subset``, with ``rows`` their rollout
@@ -72,6 +73,7 @@ def finish_round(ids, success, rows, subset, multiplier, bits, found, first_slot
     data-dependent branch and needs no flags array or second pass.
     """
     up = np.uint64(bits)
+    keep = lost_ids.shape[0] > 0
     num_lost = 0
     for i in range(found.shape[0]):
         j = rows[i] if subset else i
@@ -81,7 +83,8 @@ def finish_round(ids, success, rows, subset, multiplier, bits, found, first_slot
         bad = np.int64((rank >> up) != 0)
         codes[j] = 2 * (first_slot + np.int64(rank)) + s
         found[num_lost] = j
-        lost_ids[num_lost] = x
-        lost_success[num_lost] = s
+        if keep:
+            lost_ids[num_lost] = x
+            lost_success[num_lost] = s
         num_lost += bad
     return num_lost
