@@ -4,9 +4,10 @@ They compute exactly what the torch ops of :mod:`._estimator_hashing` compute
 (the same multipliers, buckets, table layout, ranks and loser order; see
 there), in three passes over a round's rollouts (scatter, gather, finish)
 without the temporaries that separate torch ops need. A round after the first
-reads its losers' ids and outcomes from the compact arrays the previous round's
-finishing pass wrote (contiguous, so its scatter and gather read them in order) and
-writes their codes in place through ``rows``. No loop has
+reads its losers' ids and outcomes as compact arrays (gathered once through their
+indices for the second round, written by the previous round's finishing pass for
+later ones), so its scatter and gather read them in order, and writes their codes in
+place through ``rows``. No loop has
 data-dependent control flow or a loop-carried dependence on a table read, so
 the random accesses of consecutive rollouts overlap.
 """
