@@ -173,27 +173,25 @@ def _numba_round(ids, success, rows, bits, round_index, first_slot, codes, carry
     count = ids_np.shape[0]
     table = np.full(1 << bits, -1, dtype=np.int64)
     occupied = np.empty(1 << bits, dtype=np.bool_)
-    every = np.zeros(0, dtype=np.int64)  # the round's ids are contiguous: no index list
-    kernels.scatter_round(ids_np, every, False, multiplier, bits, table)
+    kernels.scatter_round(ids_np, multiplier, bits, table)
     won = kernels.rank_round(table, bits, occupied)
     found = np.empty(count, dtype=np.int64)
-    kernels.gather_round(ids_np, every, False, multiplier, bits, table, found)
+    kernels.gather_round(ids_np, multiplier, bits, table, found)
     # The first round's losers are read back through their indices by the next round (a
     # gather of a sixth of the rollouts, typically): compact copies of every rollout's
     # would be as large as the ids, and with glibc's default allocator that much more
     # memory per call comes back as page faults. Later rounds are small and keep them.
-    keep = subset
-    lost_ids = np.empty(count if keep else 0, dtype=np.int64)
-    lost_success = np.empty(count if keep else 0, dtype=np.uint8)
+    lost_ids = np.empty(count if subset else 0, dtype=np.int64)
+    lost_success = np.empty(count if subset else 0, dtype=np.uint8)
     num_lost = kernels.finish_round(ids_np, success_np, rows_np, subset, multiplier, bits,
                                     found, first_slot, codes.numpy(), lost_ids, lost_success)
     # The losers are the fronts of these arrays; copied out only when few, so that the
     # next round does not keep the whole arrays alive.
     positions = found[:num_lost]
-    carry = (lost_ids[:num_lost], lost_success[:num_lost]) if keep else None
+    carry = (lost_ids[:num_lost], lost_success[:num_lost]) if subset else None
     if 8 * num_lost < count:
         positions = positions.copy()
-        carry = (carry[0].copy(), carry[1].copy()) if keep else None
+        carry = carry and (carry[0].copy(), carry[1].copy())
     r = _Round(torch.from_numpy(table), torch.from_numpy(occupied), bits, round_index)
     return torch.from_numpy(positions), int(won), r, carry
 

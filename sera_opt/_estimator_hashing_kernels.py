@@ -19,13 +19,12 @@ from numba import njit
 
 
 @njit(cache=True, nogil=True)
-def scatter_round(ids, rows, subset, multiplier, bits, table):  # pragma: no cover - compiled
+def scatter_round(ids, multiplier, bits, table):  # pragma: no cover - compiled
     """``table[bucket(id)] = z(id)`` for the round's ids, the last one winning; -1 before."""
     shift = np.uint64(64 - bits)
     up = np.uint64(bits)
-    n = rows.shape[0] if subset else ids.shape[0]
-    for i in range(n):
-        y = np.uint64(ids[rows[i] if subset else i]) * multiplier
+    for i in range(ids.shape[0]):
+        y = np.uint64(ids[i]) * multiplier
         table[np.int64(y >> shift)] = np.int64(y << up)
 
 
@@ -44,7 +43,7 @@ def rank_round(table, bits, occupied):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def gather_round(ids, rows, subset, multiplier, bits, table, found):  # pragma: no cover
+def gather_round(ids, multiplier, bits, table, found):  # pragma: no cover - compiled
     """``found[i] = table[bucket(id)]`` for the round's i-th id.
 
     Kept apart from :func:`finish_round`: a loop this short keeps many more
@@ -52,7 +51,7 @@ def gather_round(ids, rows, subset, multiplier, bits, table, found):  # pragma: 
     """
     shift = np.uint64(64 - bits)
     for i in range(found.shape[0]):
-        y = np.uint64(ids[rows[i] if subset else i]) * multiplier
+        y = np.uint64(ids[i]) * multiplier
         found[i] = table[np.int64(y >> shift)]
 
 
