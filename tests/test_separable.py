@@ -267,12 +267,12 @@ def test_knapsack_counts_certified_by_bounds_equal_the_evaluated_crossing(p, flo
     assert k == first_at_or_below(kernels, kernels.KNAPSACK, x, lam, floor, ceil)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(alpha=st.one_of(st.floats(1e-300, 1e300), st.sampled_from([1.0, 0.5, 1e-30, 1e30])),
        beta=st.one_of(st.floats(1e-300, 1e300), st.sampled_from([1.0, 2.5, 1e-30, 1e30])),
-       k=st.integers(1, 64), width=st.integers(1, 80), pick=st.integers(0, 72),
-       shift=st.sampled_from([-1, 0, 1, None]))
-def test_hit_utility_walk_reads_gains_bit_for_bit(alpha, beta, k, width, pick, shift):
+       k=st.integers(1, 64), below=st.integers(1, 64), width=st.integers(1, 80),
+       pick=st.integers(0, 72), shift=st.sampled_from([-1, 0, 1, None]))
+def test_hit_utility_walk_reads_gains_bit_for_bit(alpha, beta, k, below, width, pick, shift):
     """The count pass walks one product of ratios up from its guess and reads the hit
     utility's gains on the way: they must be exactly :func:`gain`'s (or rows equal in
     value would not tie, and counts would depend on the route taken), and the step it
@@ -282,6 +282,7 @@ def test_hit_utility_walk_reads_gains_bit_for_bit(alpha, beta, k, width, pick, s
     kind = kernels.HIT_UTILITY
     objective = HitUtility(np.array([alpha]), np.array([beta]))
     x = tuple(row[0] for row in objective._params())
+    floor = max(k - below, 0)
     ceil = k + width
 
     def g(step):
@@ -292,17 +293,21 @@ def test_hit_utility_walk_reads_gains_bit_for_bit(alpha, beta, k, width, pick, s
         lam = (lam + g(pick + 1)) / 2 if np.isfinite(lam) else lam
     elif shift:
         lam = np.nextafter(lam, np.inf if shift > 0 else -np.inf)
+    # The walk's precondition, as a count pass gives it: every step below floor is above lam.
+    floor = min(floor, first_at_or_below(kernels, kind, x, lam, 0, k))
+    g_below = g(floor - 1) if floor > 0 else np.inf
     g_ceil = g(ceil)
-    step, nxt, lst, state = kernels._hit_walk(*x, lam, k, ceil, g_ceil)
+    step, nxt, lst, state = kernels._hit_walk(x[0], x[1], lam, k, floor, ceil, g_below, g_ceil)
     if state == 1:
-        assert step == k - 1 and nxt == g(k - 1) and nxt <= lam
+        assert step == k - 2 and step >= floor and nxt == g(step) and nxt <= lam
+        assert np.isnan(lst)
         return
-    assert step > k - 1 and lst == g(step - 1) and lst > lam
+    assert lst == (g_below if step == floor else g(step - 1)) and lst > lam
     if state == 0:
-        assert step == first_at_or_below(kernels, kind, x, lam, k, ceil)
+        assert step == first_at_or_below(kernels, kind, x, lam, floor, ceil)
         assert nxt == (g_ceil if step == ceil else g(step))
     else:
-        assert state == 2 and step < ceil and np.isnan(nxt)
+        assert state == 2 and k - 1 < step < ceil and np.isnan(nxt)
 
 
 def test_knapsack_counts_are_mostly_settled_without_evaluating_a_gain():

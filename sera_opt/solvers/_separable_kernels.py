@@ -127,24 +127,33 @@ def _counts_from(src, out):
 
 @njit(cache=True, error_model="numpy")
 def prepare(kind, p0, p1, p2, exact):
-    """Write the third parameter row into ``p2``: ``lgamma(alpha + beta) - lgamma(beta)``
-    for the Beta kinds (0 where ``alpha`` or ``beta`` is 0), else 0. Returns ``p2``.
+    """Write the third parameter row into ``p2`` and return it: for the Beta kinds the
+    log-gamma ratio ``lgamma(alpha + beta) - lgamma(beta)``, plus ``log alpha`` for the hit
+    utility (the log of its gains' constant: ``gain(k) = p2 + lgamma(beta + k) -
+    lgamma(alpha + beta + k + 1)``); 0 where ``alpha`` or ``beta`` is 0, and for the
+    other kinds.
 
     The Beta kinds' gains read this row only beyond ``_PRODUCT_MAX`` effective rollouts
     (below, they take the product of ratios); below, only the guess of a count pass reads
-    it. Without ``exact`` the row is the guess's own approximation ``alpha log(beta +
-    max(alpha - 1, 0) / 2)`` (one log a prompt instead of a log-gamma), valid for solves
-    whose bounds keep every gain evaluated below that limit (the caller checks).
-    ``p2`` comes from the caller (numpy), for the reason given in :func:`solve`."""
+    it. Without ``exact`` the log-gamma ratio is the guess's own approximation ``alpha
+    log(beta + max(alpha - 1, 0) / 2)`` (one log a prompt instead of a log-gamma), valid
+    for solves whose bounds keep every gain evaluated below that limit (the caller
+    checks). ``p2`` comes from the caller (numpy), for the reason given in :func:`solve`.
+    """
     m = p0.shape[0]
     if not (kind == BETA_LEVELS or kind == HIT_UTILITY):
         p2[:] = 0.0
         return p2
+    hit = kind == HIT_UTILITY
     if not exact:
         for i in range(m):
             a = p0[i]
             b = p1[i]
-            p2[i] = a * math.log(b + 0.5 * max(a - 1.0, 0.0)) if a > 0.0 and b > 0.0 else 0.0
+            if a > 0.0 and b > 0.0:
+                x = a * math.log(b + 0.5 * max(a - 1.0, 0.0))
+                p2[i] = x + math.log(a) if hit else x
+            else:
+                p2[i] = 0.0
         return p2
     # Posteriors of one strength share alpha + beta (pseudo-counts s p, s (1 - p)):
     # its log-gamma is computed again only when it changes.
@@ -158,7 +167,8 @@ def prepare(kind, p0, p1, p2, exact):
             if ab != last_sum:
                 last_sum = ab
                 lgamma_sum = math.lgamma(ab)
-            p2[i] = lgamma_sum - math.lgamma(b)
+            x = lgamma_sum - math.lgamma(b)
+            p2[i] = x + math.log(a) if hit else x
         else:
             p2[i] = 0.0
     return p2
@@ -505,7 +515,8 @@ def gain(kind, x0, x1, x2, c, k):
         if x1 == 0.0:
             return 0.0 if k == 0 else -_INF
         if k > _PRODUCT_MAX:
-            return _log_beta_moment(x0, x1, x2, k) + math.log(x0 / (x0 + x1 + k))
+            # x2 = log(a) + lgamma(a + b) - lgamma(b) (see prepare).
+            return x2 + _lgamma_diff(x1 + k, x0) - math.log(x0 + x1 + k)
         acc, q = _ratio_product(x0, x1, k)
         return _hit_log(acc, q, x0 / (x0 + x1 + k))
     if kind == RLOO_VARIANCE:
@@ -547,23 +558,40 @@ def _hit_log(acc, q, r):
 
 
 @njit(cache=True, error_model="numpy")
-def _hit_walk(x0, x1, x2, lam, k, ceil, g_ceil):
-    """A count pass's search on a hit utility row from its guess ``k`` (``1 <= k <
+def _hit_walk(x0, x1, lam, k, floor, ceil, g_below, g_ceil):
+    """A count pass's search on a hit utility row from its guess ``k`` (``floor < k <
     ceil``, ``k <= _PRODUCT_MAX``, ``x0, x1 > 0``), with one product of ratios walked
-    upward: the product to ``k - 1`` is the same sequence of operations as the first
-    ``k - 1`` of the product to ``k``, so each gain is bit for bit :func:`gain`'s.
+    upward: the product to ``j`` is the same sequence of operations as the first ``j``
+    steps of the product to ``j + 1``, so each gain is bit for bit :func:`gain`'s.
+
+    The walk keeps the product to ``k - 2`` as it passes: a guess one step high (the
+    crossing at ``k - 1``) then costs one log, as one step low does.
 
     Returns ``(k', gain(k'), gain(k' - 1), state)``: ``state`` 0 when ``k'`` is the first
-    step from ``k`` on with a gain at or below ``lam`` (``ceil`` when none; its gain is
-    ``g_ceil``); 1 when ``gain(k - 1)`` is already at or below ``lam`` (the crossing lies
-    lower; ``k' = k - 1``); 2 when the walk stopped above ``lam`` after a few steps or at
-    the end of the product (the search goes on from ``k'``, whose gain is unknown).
+    step in ``[floor, ceil)`` with a gain at or below ``lam`` (``ceil`` when none; its
+    gain is ``g_ceil``; ``gain(floor - 1)`` is ``g_below``); 1 when ``gain(k')`` is at or
+    below ``lam`` and the crossing may lie lower still (``k' = k - 2 >= floor``,
+    ``gain(k' - 1)`` unknown); 2 when the walk stopped above ``lam`` after a few steps
+    or at the end of the product (the search goes on from ``k'``, whose gain is
+    unknown).
     """
-    acc, q = _ratio_product(x0, x1, k - 1)
+    if k - 1 > floor:
+        acc, q = _ratio_product(x0, x1, k - 2)
+        acc_1, q_1 = _ratio_step(x0, x1, k - 2, acc, q)
+    else:
+        acc, q = 0.0, 1.0
+        acc_1, q_1 = _ratio_product(x0, x1, k - 1)
     j = k - 1
-    before = _hit_log(acc, q, x0 / (x0 + x1 + j))
+    before = _hit_log(acc_1, q_1, x0 / (x0 + x1 + j))
     if before <= lam:
-        return j, before, np.nan, 1
+        if j == floor:
+            return j, before, g_below, 0
+        lower = _hit_log(acc, q, x0 / (x0 + x1 + (j - 1)))
+        if lower > lam:
+            return j, before, lower, 0
+        return j - 1, lower, np.nan, 1
+    acc = acc_1
+    q = q_1
     stop = min(k + 4, _PRODUCT_MAX + 1)
     while True:
         acc, q = _ratio_step(x0, x1, j, acc, q)
@@ -611,7 +639,8 @@ def _guess(kind, x0, x1, x2, c, lam):
             return -_INF
         if x1 == 0.0:
             return 1.0 if lam < 0.0 else 0.0
-        e = (x2 + math.log(x0) - lam) / (x0 + 1.0)
+        # gain(k) ~ x2 - (a + 1) log(b + k + a / 2), with x2 as in prepare.
+        e = (x2 - lam) / (x0 + 1.0)
         if e > 700.0:
             return _INF
         return math.exp(e) - x1 - 0.5 * x0
@@ -785,8 +814,9 @@ def _count(kind, p0, p1, p2, c, lam, rows, na, a_next, a_last, nb, b_next, b_las
             elif (kind == HIT_UTILITY and floor < k < ceil and k <= _PRODUCT_MAX
                   and p0[i] > 0.0 and p1[i] > 0.0):
                 # The gains beside the guess, and a few above it, from one product: the
-                # guess is mostly right or one step low.
-                k, nxt, lst, state = _hit_walk(p0[i], p1[i], p2[i], lam, k, ceil, g_ceil)
+                # guess is mostly right or one step off.
+                k, nxt, lst, state = _hit_walk(p0[i], p1[i], lam, k, floor, ceil, g_below,
+                                               g_ceil)
                 if state == 1:
                     k, nxt, lst = _crossing(kind, p0[i], p1[i], p2[i], c, lam, floor, k, k,
                                             g_below, nxt)
@@ -1928,7 +1958,11 @@ def values(kind, p0, p1, p2, c, counts):
             elif x1 == 0.0:
                 out[i] = 1.0 if n >= 1 else 0.0
             else:
-                out[i] = -math.expm1(_log_beta_moment(x0, x1, x2, n))
+                # The third row holds log(a) + the log-gamma ratio (see prepare); the
+                # ratio itself is computed afresh where the moment needs it.
+                ratio = (math.lgamma(x0 + x1) - math.lgamma(x1) if n > _PRODUCT_MAX
+                         else 0.0)
+                out[i] = -math.expm1(_log_beta_moment(x0, x1, ratio, n))
         elif kind == ALPHA_FAIR:
             out[i] = _fair_utility(x0, x2, n - c)
         elif kind == FAIR_SUM or kind == FAIR_LOG or kind == FAIR_INVERSE:

@@ -351,7 +351,8 @@ def _linear_fill(rates, m_lo, cap, extra, hint=math.nan) -> np.ndarray:
 
 class _BetaObjective(_KernelObjective):
     """A Beta posterior's kernel rows: ``alpha``, ``beta`` and ``lgamma(alpha + beta) -
-    lgamma(beta)``. The gains read that log-gamma row only beyond ``_PRODUCT_MAX``
+    lgamma(beta)`` (plus ``log alpha`` for the hit utility, whose count passes' guess reads
+    that sum). The gains read that log-gamma row only beyond ``_PRODUCT_MAX``
     effective rollouts, and a count pass's guess reads it at any count; so a solve whose
     bounds keep every gain below that limit gets the guess's approximation instead (one
     log a prompt, against a log-gamma), and the exact row is prepared when first needed
