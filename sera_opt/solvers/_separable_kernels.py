@@ -769,6 +769,30 @@ def _crossing(kind, x0, x1, x2, c, lam, floor, ceil, start, g_below, g_ceil):
     return top, g_top, g_bot
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _row_count(kind, x0, x1, x2, c, lam, aux, floor, ceil, g_below, g_ceil):
+    """A row's count at ``lam`` when it lies in ``[floor, ceil]`` (``gain(floor - 1) =
+    g_below > lam``, ``gain(ceil) = g_ceil``), with the gains at it and one below, as
+    :func:`_crossing` returns them."""
+    k, settled = _settled_start(kind, x0, x1, x2, c, lam, aux, floor, ceil)
+    if settled:
+        # The crossing is known in closed form and is not within rounding of a step:
+        # the count is settled without evaluating a gain (unknown gains are cached as
+        # NaN, except the bracket ends already known).
+        return (k, g_ceil if k == ceil else np.nan, g_below if k == floor else np.nan)
+    if (kind == HIT_UTILITY and floor < k < ceil and k <= _PRODUCT_MAX
+            and x0 > 0.0 and x1 > 0.0):
+        # The gains beside the guess, and a few above it, from one product: the
+        # guess is mostly right or one step off.
+        k, nxt, lst, state = _hit_walk(x0, x1, lam, k, floor, ceil, g_below, g_ceil)
+        if state == 1:
+            return _crossing(kind, x0, x1, x2, c, lam, floor, k, k, g_below, nxt)
+        if state == 2:
+            return _crossing(kind, x0, x1, x2, c, lam, k, ceil, k, lst, g_ceil)
+        return k, nxt, lst
+    return _crossing(kind, x0, x1, x2, c, lam, floor, ceil, k, g_below, g_ceil)
+
+
 @njit(cache=True, error_model="numpy")
 def _count(kind, p0, p1, p2, c, lam, rows, na, a_next, a_last, nb, b_next, b_last,
            out_n, out_next, out_last):
@@ -804,28 +828,8 @@ def _count(kind, p0, p1, p2, c, lam, rows, na, a_next, a_last, nb, b_next, b_las
             if bl <= lam:
                 ceil -= 1
                 g_ceil = bl
-            k, settled = _settled_start(kind, p0[i], p1[i], p2[i], c, lam, aux, floor, ceil)
-            if settled:
-                # The crossing is known in closed form and is not within rounding of a
-                # step: the count is settled without evaluating a gain (unknown gains
-                # are cached as NaN, except the bracket ends already known).
-                nxt = g_ceil if k == ceil else np.nan
-                lst = g_below if k == floor else np.nan
-            elif (kind == HIT_UTILITY and floor < k < ceil and k <= _PRODUCT_MAX
-                  and p0[i] > 0.0 and p1[i] > 0.0):
-                # The gains beside the guess, and a few above it, from one product: the
-                # guess is mostly right or one step off.
-                k, nxt, lst, state = _hit_walk(p0[i], p1[i], lam, k, floor, ceil, g_below,
-                                               g_ceil)
-                if state == 1:
-                    k, nxt, lst = _crossing(kind, p0[i], p1[i], p2[i], c, lam, floor, k, k,
-                                            g_below, nxt)
-                elif state == 2:
-                    k, nxt, lst = _crossing(kind, p0[i], p1[i], p2[i], c, lam, k, ceil, k,
-                                            lst, g_ceil)
-            else:
-                k, nxt, lst = _crossing(kind, p0[i], p1[i], p2[i], c, lam, floor, ceil, k,
-                                        g_below, g_ceil)
+            k, nxt, lst = _row_count(kind, p0[i], p1[i], p2[i], c, lam, aux, floor, ceil,
+                                     g_below, g_ceil)
         out_n[i] = k
         out_next[i] = nxt
         out_last[i] = lst
@@ -988,14 +992,16 @@ _CA, _CB, _KEY_A, _KEY_B, _SIDE, _PASSES = 0, 1, 2, 3, 4, 5
 
 
 @njit(cache=True, error_model="numpy")
-def _init_state(kind, p0, p1, p2, c, lo, hi, extremes, work_i, work_f, work_g):
+def _init_state(kind, p0, p1, p2, c, lo, hi, extremes, lazy, work_i, work_f, work_g):
     """Bracket (b, a] = (sentinel, +inf]; with ``extremes``, narrowed at once to
     the rows' extreme gains (one evaluation at each end of every row).
 
     The per-row state lives in ``work_i`` (int64, 4 rows: the active rows, the counts
     at both ends, a pass's counts), ``work_f`` (float64, 4 rows: the gains cached at
     both ends) and ``work_g`` (float64, 2 rows: a pass's gains) when they have a column
-    per row (see :func:`solve`), else in arrays allocated here."""
+    per row (see :func:`solve`), else in arrays allocated here. With ``lazy`` the ends'
+    per-row values are left unwritten: :func:`_first_pass` or :func:`_open_ends` writes
+    them."""
     m = lo.shape[0]
     if work_i.shape[1] != m or work_f.shape[1] != m or work_g.shape[1] != m:
         work_i = np.empty((4, m), dtype=np.int64)
@@ -1012,14 +1018,10 @@ def _init_state(kind, p0, p1, p2, c, lo, hi, extremes, work_i, work_f, work_g):
     a_last = work_f[1]
     b_next = work_f[2]
     b_last = work_f[3]
+    if not lazy:
+        _open_ends(lo, hi, na, a_next, a_last, nb, b_next, b_last)
     r = 0
     for i in range(m):
-        na[i] = lo[i]
-        nb[i] = hi[i]
-        a_next[i] = np.nan
-        a_last[i] = _INF  # everything below lo is taken at any value
-        b_next[i] = -_INF  # nothing from hi on is ever taken
-        b_last[i] = np.nan
         if hi[i] > lo[i]:
             rows[r] = i
             r += 1
@@ -1033,6 +1035,19 @@ def _init_state(kind, p0, p1, p2, c, lo, hi, extremes, work_i, work_f, work_g):
         _bound_ends(kind, p0, p1, p2, c, lo, hi, st_i, rows, na, a_next, nb, b_last)
     st_f = np.zeros(2, dtype=np.float64)
     return st_i, st_f, rows, na, a_next, a_last, nb, b_next, b_last, work_n, work_g
+
+
+@njit(cache=True, error_model="numpy")
+def _open_ends(lo, hi, na, a_next, a_last, nb, b_next, b_last):
+    """The opening bracket's per-row values: every row at ``lo`` at the upper end, at
+    ``hi`` at the lower one."""
+    for i in range(lo.shape[0]):
+        na[i] = lo[i]
+        nb[i] = hi[i]
+        a_next[i] = np.nan
+        a_last[i] = _INF  # everything below lo is taken at any value
+        b_next[i] = -_INF  # nothing from hi on is ever taken
+        b_last[i] = np.nan
 
 
 @njit(cache=True, error_model="numpy")
@@ -1071,6 +1086,28 @@ def _bound_ends(kind, p0, p1, p2, c, lo, hi, st_i, rows, na, a_next, nb, b_last)
         st_i[_KEY_B] = _key_below(bottom, fbuf, ibuf)
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _moved_end(st_i, st_f, spare, kl, cnt):
+    """Record a pass's count ``cnt`` at the value of key ``kl`` as the bracket end it
+    replaces; True when that is the upper end ``a``."""
+    st_i[_PASSES] += 1
+    if cnt <= spare:
+        st_i[_KEY_A] = kl
+        st_i[_CA] = cnt
+        st_f[0] = float(spare - cnt)
+        if st_i[_SIDE] == 1:
+            st_f[1] *= 0.5
+        st_i[_SIDE] = 1
+        return True
+    st_i[_KEY_B] = kl
+    st_i[_CB] = cnt
+    st_f[1] = float(spare - cnt)
+    if st_i[_SIDE] == -1:
+        st_f[0] *= 0.5
+    st_i[_SIDE] = -1
+    return False
+
+
 @njit(cache=True, error_model="numpy")
 def _try_pass(kind, p0, p1, p2, c, spare, lam, st_i, st_f, rows, na, a_next, a_last, nb,
               b_next, b_last, w_n, w_g):
@@ -1087,24 +1124,65 @@ def _try_pass(kind, p0, p1, p2, c, spare, lam, st_i, st_f, rows, na, a_next, a_l
     w_last = w_g[1]
     cnt = st_i[_CA] + _count(kind, p0, p1, p2, c, lam, rows, na, a_next, a_last, nb,
                              b_next, b_last, w_n, w_next, w_last)
-    st_i[_PASSES] += 1
-    if cnt <= spare:
-        st_i[_KEY_A] = kl
-        st_i[_CA] = cnt
+    if _moved_end(st_i, st_f, spare, kl, cnt):
         _keep_rows(rows, w_n, w_next, w_last, na, a_next, a_last)
-        st_f[0] = float(spare - cnt)
-        if st_i[_SIDE] == 1:
-            st_f[1] *= 0.5
-        st_i[_SIDE] = 1
     else:
-        st_i[_KEY_B] = kl
-        st_i[_CB] = cnt
         _keep_rows(rows, w_n, w_next, w_last, nb, b_next, b_last)
-        st_f[1] = float(spare - cnt)
-        if st_i[_SIDE] == -1:
-            st_f[0] *= 0.5
-        st_i[_SIDE] = -1
     return _active(na, nb, rows), cnt
+
+
+@njit(cache=True, error_model="numpy")
+def _first_pass(kind, p0, p1, p2, c, spare, lam, lo, hi, st_i, st_f, rows, na, a_next,
+                a_last, nb, b_next, b_last):
+    """The first count pass from the opening bracket ``(sentinel, +inf]`` (every row
+    between ``lo`` and ``hi``; :func:`_init_state` with ``lazy``): the counts as
+    :func:`_try_pass` gives them, but read from the bounds and written straight into
+    the end they become (the other end gets its opening values), instead of reading the
+    opening state, writing a pass's arrays and copying them.
+
+    ``lam`` must lie strictly inside the opening bracket. The counts and their gains go
+    into ``na, a_next, a_last`` and the lower end's opening values into ``nb, b_next,
+    b_last``; returns ``(upper, cnt)``, ``upper`` False when the count lands on the
+    lower end (then :func:`_lower_first` swaps the ends).
+    """
+    fbuf = np.empty(1, dtype=np.float64)
+    ibuf = fbuf.view(np.int64)
+    kl = _key(lam, fbuf, ibuf)
+    aux = _pass_constant(kind, lam)
+    total = 0
+    for i in range(lo.shape[0]):
+        floor = lo[i]
+        ceil = hi[i]
+        if floor < ceil:
+            k, nxt, lst = _row_count(kind, p0[i], p1[i], p2[i], c, lam, aux, floor, ceil,
+                                     _INF, -_INF)
+            total += k - floor
+        else:
+            k = floor
+            nxt = np.nan
+            lst = _INF
+        na[i] = k
+        a_next[i] = nxt
+        a_last[i] = lst
+        nb[i] = ceil
+        b_next[i] = -_INF
+        b_last[i] = np.nan
+    cnt = st_i[_CA] + total
+    return _moved_end(st_i, st_f, spare, kl, cnt), cnt
+
+
+@njit(cache=True, error_model="numpy")
+def _lower_first(lo, hi, na, a_next, a_last, b_next, b_last):
+    """After a first pass whose count lands on the lower end, with the ends' arrays
+    traded (``b_*`` now hold the counts): the upper end's opening values, and the lower
+    end's for rows without room."""
+    for i in range(lo.shape[0]):
+        na[i] = lo[i]
+        a_next[i] = np.nan
+        a_last[i] = _INF
+        if lo[i] == hi[i]:
+            b_next[i] = -_INF
+            b_last[i] = np.nan
 
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -1348,7 +1426,7 @@ def _select(kind, p0, p1, p2, c, lo, hi, spare, maxmin, tie_rtol, stats, out):
         return _counts_from(hi, out), -_INF
     limit = max(_COLLECT_MIN, lo.shape[0] >> 3)
     st_i, st_f, rows, na, a_next, a_last, nb, b_next, b_last, w_n, w_g = _init_state(
-        kind, p0, p1, p2, c, lo, hi, True, np.empty((4, 0), dtype=np.int64),
+        kind, p0, p1, p2, c, lo, hi, True, False, np.empty((4, 0), dtype=np.int64),
         np.empty((4, 0), dtype=np.float64), np.empty((2, 0), dtype=np.float64))
     rows = _narrow(kind, p0, p1, p2, c, lo, hi, spare, limit, st_i, st_f, rows, na, a_next,
                    a_last, nb, b_next, b_last, w_n, w_g)
@@ -1881,8 +1959,12 @@ def solve(kind, p0, p1, p2, c, lo, hi, spare, maxmin, tie_rtol, stats, work_i, w
     limit = max(_COLLECT_MIN, m >> 3)
     q0, q1, q2, lo_s, hi_s, cap_s, scale = _strided_subsample(p0, p1, p2, lo, hi,
                                                               m // _SUBSAMPLE)
+    # The ends' per-row values are written by the first pass (or, without one, below).
     st_i, st_f, rows, na, a_next, a_last, nb, b_next, b_last, w_n, w_g = _init_state(
-        kind, p0, p1, p2, c, lo, hi, False, work_i, work_f, work_g)
+        kind, p0, p1, p2, c, lo, hi, False, True, work_i, work_f, work_g)
+    fbuf = np.empty(1, dtype=np.float64)
+    ibuf = fbuf.view(np.int64)
+    opened = False
     share = spare * scale
     sub_stats = np.zeros(3, dtype=np.int64)
     for _ in range(_NEWTON_ROUNDS):
@@ -1894,11 +1976,24 @@ def solve(kind, p0, p1, p2, c, lo, hi, spare, maxmin, tie_rtol, stats, work_i, w
         _, lam = _select(kind, q0, q1, q2, c, lo_s, hi_s, target, maxmin, 0.0, sub_stats,
                          np.empty(0, dtype=np.int64))
         stats[3] += 1
-        rows, cnt = _try_pass(kind, p0, p1, p2, c, spare, lam, st_i, st_f, rows, na, a_next,
-                              a_last, nb, b_next, b_last, w_n, w_g)
-        if cnt < 0:
-            break
+        if opened:
+            rows, cnt = _try_pass(kind, p0, p1, p2, c, spare, lam, st_i, st_f, rows, na,
+                                  a_next, a_last, nb, b_next, b_last, w_n, w_g)
+            if cnt < 0:
+                break
+        else:
+            if lam != lam or not (st_i[_KEY_B] < _key(lam, fbuf, ibuf) < st_i[_KEY_A]):
+                break
+            upper, cnt = _first_pass(kind, p0, p1, p2, c, spare, lam, lo, hi, st_i, st_f,
+                                     rows, na, a_next, a_last, nb, b_next, b_last)
+            if not upper:
+                na, a_next, a_last, nb, b_next, b_last = nb, b_next, b_last, na, a_next, a_last
+                _lower_first(lo, hi, na, a_next, a_last, b_next, b_last)
+            rows = _active(na, nb, rows)
+            opened = True
         share += _OVERSHOOT * (spare - cnt) * scale
+    if not opened:
+        _open_ends(lo, hi, na, a_next, a_last, nb, b_next, b_last)
     rows = _narrow(kind, p0, p1, p2, c, lo, hi, spare, limit, st_i, st_f, rows, na, a_next,
                    a_last, nb, b_next, b_last, w_n, w_g)
     stats[0] += st_i[_PASSES]
