@@ -125,7 +125,9 @@ class PosteriorPolicy(SeparablePolicy):
         if math.isinf(self.prior_strength):
             return None
         p = np.asarray(success_probs, dtype=np.float64)
-        return self.prior_strength * p, self.prior_strength * (1.0 - p)
+        beta = np.subtract(1.0, p)
+        beta *= self.prior_strength  # in place: one temporary fewer (the same floats)
+        return self.prior_strength * p, beta
 
     def _allocate(self, problem: AllocationProblem, posterior=None) -> Allocation:
         start = time.perf_counter()

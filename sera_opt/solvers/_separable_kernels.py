@@ -136,9 +136,9 @@ def prepare(kind, p0, p1, p2, exact):
     The Beta kinds' gains read this row only beyond ``_PRODUCT_MAX`` effective rollouts
     (below, they take the product of ratios); below, only the guess of a count pass reads
     it. Without ``exact`` the log-gamma ratio is the guess's own approximation ``alpha
-    log(beta + max(alpha - 1, 0) / 2)`` (one log a prompt instead of a log-gamma), valid
-    for solves whose bounds keep every gain evaluated below that limit (the caller
-    checks). ``p2`` comes from the caller (numpy), for the reason given in :func:`solve`.
+    log(beta + max(alpha - 1, 0) / 2)``, and the logs are :func:`_approx_logs` (within
+    1e-9; no log-gamma, no libm call), valid for solves whose bounds keep every gain
+    evaluated below that limit (the caller checks). ``p2`` comes from the caller (numpy), for the reason given in :func:`solve`.
     """
     m = p0.shape[0]
     if not (kind == BETA_LEVELS or kind == HIT_UTILITY):
@@ -146,14 +146,28 @@ def prepare(kind, p0, p1, p2, exact):
         return p2
     hit = kind == HIT_UTILITY
     if not exact:
-        for i in range(m):
-            a = p0[i]
-            b = p1[i]
-            if a > 0.0 and b > 0.0:
-                x = a * math.log(b + 0.5 * max(a - 1.0, 0.0))
-                p2[i] = x + math.log(a) if hit else x
-            else:
-                p2[i] = 0.0
+        # In blocks, through the guess's approximate log (no libm call, so the loops
+        # vectorize): a guess needs no more than that.
+        logs_b = np.empty(_LOG_BLOCK, dtype=np.float64)
+        logs_a = np.empty(_LOG_BLOCK, dtype=np.float64)
+        scratch = np.empty(_LOG_BLOCK, dtype=np.float64)
+        for start in range(0, m, _LOG_BLOCK):
+            n = min(_LOG_BLOCK, m - start)
+            for j in range(n):
+                a = p0[start + j]
+                logs_b[j] = p1[start + j] + 0.5 * max(a - 1.0, 0.0)
+                logs_a[j] = a
+            _approx_logs(logs_b, n, scratch)
+            if hit:
+                _approx_logs(logs_a, n, scratch)
+            for j in range(n):
+                i = start + j
+                a = p0[i]
+                if a > 0.0 and p1[i] > 0.0:
+                    x = a * logs_b[j]
+                    p2[i] = x + logs_a[j] if hit else x
+                else:
+                    p2[i] = 0.0
         return p2
     # Posteriors of one strength share alpha + beta (pseudo-counts s p, s (1 - p)):
     # its log-gamma is computed again only when it changes.
@@ -172,6 +186,39 @@ def prepare(kind, p0, p1, p2, exact):
         else:
             p2[i] = 0.0
     return p2
+
+
+_LOG_BLOCK = 256
+_SQRT2 = 1.4142135623730951
+_LN2 = 0.6931471805599453
+
+
+@njit(cache=True, error_model="numpy")
+def _approx_logs(vals, n, scratch):
+    """Replace ``vals[:n]`` by an approximation of their logs, for guesses only: within
+    1e-9 (absolute) of ``log`` for positive normal floats; other inputs (0, subnormals,
+    inf, NaN) give some value, finite or not, that a guess may take.
+
+    ``log x = e log 2 + log m`` with ``x = m 2^e``, ``m`` in ``[1/sqrt 2, sqrt 2)``, and
+    ``log m = 2 atanh t``, ``t = (m - 1) / (m + 1)``, ``|t| < 0.172``, to the ``t^9``
+    term (the rest is below ``2 t^11 / (11 (1 - t^2)) < 1e-9``). The exponent and the
+    mantissa come from the float's bits, so the loops hold no call and vectorize.
+    """
+    bits = vals.view(np.int64)
+    for j in range(n):
+        b = bits[j]
+        scratch[j] = float(((b >> 52) & 0x7FF) - 1023)
+        bits[j] = (b & 0x000FFFFFFFFFFFFF) | 0x3FF0000000000000
+    for j in range(n):
+        mant = vals[j]
+        e = scratch[j]
+        if mant > _SQRT2:
+            mant *= 0.5
+            e += 1.0
+        t = (mant - 1.0) / (mant + 1.0)
+        t2 = t * t
+        vals[j] = e * _LN2 + 2.0 * t * (1.0 + t2 * (1.0 / 3.0 + t2 * (
+            0.2 + t2 * (1.0 / 7.0 + t2 * (1.0 / 9.0)))))
 
 
 @njit(cache=True, error_model="numpy")

@@ -100,7 +100,8 @@ def _as_float_row(values, name: str, m: int | None = None) -> np.ndarray:
         raise SeraOptError(f"{name} must be 1-D (one entry per prompt), got shape {arr.shape}.")
     if m is not None and arr.shape[0] != m:
         raise SeraOptError(f"{name} must have one entry per prompt ({m}), got {arr.shape[0]}.")
-    if np.isnan(arr).any():
+    # The minimum is NaN where any entry is (a reduction, no temporary the size of the row).
+    if arr.size and np.isnan(arr.min()):
         raise SeraOptError(f"{name} contains NaN at index {int(np.flatnonzero(np.isnan(arr))[0])}.")
     return arr
 
@@ -124,14 +125,21 @@ def validate_beta_posterior(alpha, beta, m: int | None = None) -> tuple[np.ndarr
     """
     a = _as_float_row(alpha, "posterior alpha", m)
     b = _as_float_row(beta, "posterior beta", a.shape[0])
+    if not a.size:
+        return a, b
+    # Reductions first (no temporaries the size of the rows); the masks only to name
+    # the first bad entry.
     for name, arr in (("alpha", a), ("beta", b)):
+        if arr.min() >= 0 and arr.max() < np.inf:
+            continue
         bad = ~np.isfinite(arr) | (arr < 0)
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            raise SeraOptError(
-                f"posterior {name} must be finite and >= 0; got {arr[i]!r} at index {i}. "
-                f"Pass Beta parameters, e.g. from sera_opt.SuccessTracker.posterior()."
-            )
+        i = int(np.flatnonzero(bad)[0])
+        raise SeraOptError(
+            f"posterior {name} must be finite and >= 0; got {arr[i]!r} at index {i}. "
+            f"Pass Beta parameters, e.g. from sera_opt.SuccessTracker.posterior()."
+        )
+    if a.min() > 0 or b.min() > 0:
+        return a, b
     both = (a == 0) & (b == 0)
     if both.any():
         i = int(np.flatnonzero(both)[0])
@@ -354,8 +362,8 @@ class _BetaObjective(_KernelObjective):
     lgamma(beta)`` (plus ``log alpha`` for the hit utility, whose count passes' guess reads
     that sum). The gains read that log-gamma row only beyond ``_PRODUCT_MAX``
     effective rollouts, and a count pass's guess reads it at any count; so a solve whose
-    bounds keep every gain below that limit gets the guess's approximation instead (one
-    log a prompt, against a log-gamma), and the exact row is prepared when first needed
+    bounds keep every gain below that limit gets the guess's approximation instead (in
+    vectorized arithmetic, against a log-gamma a prompt), and the exact row is prepared when first needed
     (a solve with larger bounds, :meth:`gains`, :meth:`terms`)."""
 
     def __init__(self, alpha, beta, offset: int = 0):
