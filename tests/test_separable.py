@@ -193,10 +193,12 @@ def test_fast_path_equals_exhaustive_sort_including_ties(m, ties):
     for objective in objectives_for(rng, m, ties=ties):
         stats = np.zeros(4, dtype=np.int64)
         counts = solve_separable(objective, budget, lo, hi, stats=stats)
-        if isinstance(objective, (PointHitUtility, KnapsackValue)) or (
+        if isinstance(objective, (PointHitUtility, KnapsackValue, RLOOVariance,
+                                  InverseCountCost)) or (
                 isinstance(objective, AlphaFairUtility) and objective.alpha in (0.0, 1.0, 2.0)):
-            # closed-form crossings (the hit utility, Knapsack, alpha = 0, 1, 2): from
-            # _CLOSED_SUBSAMPLE_FROM rows on their search opens from a subsample
+            # closed-form crossings (the hit utility, Knapsack, VIP's and GVM's costs,
+            # alpha = 0, 1, 2): from _CLOSED_SUBSAMPLE_FROM rows on their search opens
+            # from a subsample
             assert (stats[3] >= 1) == (m >= _CLOSED_SUBSAMPLE_FROM), stats
         np.testing.assert_array_equal(counts, sorted_reference(objective, budget, lo, hi),
                                       err_msg=type(objective).__name__)
@@ -215,7 +217,8 @@ def test_closed_form_passes_on_repeated_rows_equal_exhaustive_sort(seed, distinc
     lo = rng.integers(1, 4, m)
     hi = lo + rng.integers(0, 12, m)
     budget = int(rng.integers(lo.sum(), hi.sum() + 1))
-    for objective in [PointHitUtility(p), KnapsackValue(p)] + [
+    for objective in [PointHitUtility(p), KnapsackValue(p), RLOOVariance(p),
+                      InverseCountCost(np.round(rng.uniform(0, 3, m), 1))] + [
             AlphaFairUtility(p, a, offset=int(rng.integers(0, 2))) for a in (0.0, 1.0, 2.0)]:
         if (lo <= objective.offset).any():
             continue
@@ -265,6 +268,37 @@ def test_knapsack_counts_certified_by_bounds_equal_the_evaluated_crossing(p, flo
         k, _, _ = kernels._crossing(kernels.KNAPSACK, *x, 0, lam, floor, ceil, k, np.nan,
                                     np.nan)
     assert k == first_at_or_below(kernels, kernels.KNAPSACK, x, lam, floor, ceil)
+
+
+@settings(max_examples=400, deadline=None)
+@given(vip=st.booleans(),
+       a=st.one_of(st.floats(1e-300, 1e300), st.sampled_from([0.0, 0.25, 1e-17, 1.0, 3.0])),
+       b=st.one_of(st.floats(0.0, 1e300), st.sampled_from([0.0, 7e-4, 1.0, 1e10])),
+       floor=st.integers(0, 40), width=st.integers(0, 90), pick=st.integers(0, 130),
+       shift=st.sampled_from([-2, -1, 0, 1, 2, None]))
+def test_quadratic_roots_settle_vip_and_gvm_counts_as_the_gains_do(vip, a, b, floor, width,
+                                                                     pick, shift):
+    """VIP's gain ``a / ((k - 1) k) + b`` and GVM's ``W / (k (k + 1))`` cross a value at the
+    root of a quadratic, which settles a count without evaluating a gain except within a
+    margin of a step, or (VIP) where ``lam - b`` is the small difference of two large
+    numbers. Wherever it is settled it must be the count that evaluating the gains gives,
+    also at values equal to a gain, a float or two beside it, and between steps."""
+    from sera_opt.solvers import _separable_kernels as kernels
+
+    kind = kernels.RLOO_VARIANCE if vip else kernels.INVERSE_COUNT
+    x = (a, b, b) if vip else (a, a, a)
+    ceil = floor + width
+    lam = kernels.gain(kind, *x, 0, pick)
+    if shift is None:
+        lam = (lam + kernels.gain(kind, *x, 0, pick + 1)) / 2 if np.isfinite(lam) else lam
+    elif shift:
+        for _ in range(abs(shift)):
+            lam = np.nextafter(lam, np.inf if shift > 0 else -np.inf)
+    k, settled = kernels._settled_start(kind, *x, 0, lam, kernels._pass_constant(kind, lam),
+                                        floor, ceil)
+    if not settled:
+        k, _, _ = kernels._crossing(kind, *x, 0, lam, floor, ceil, k, np.nan, np.nan)
+    assert k == first_at_or_below(kernels, kind, x, lam, floor, ceil), settled
 
 
 @settings(max_examples=400, deadline=None)

@@ -408,19 +408,21 @@ def _fair_guess(a, logp, alpha, c, lam):
 
 @njit(cache=True, error_model="numpy")
 def _closed_form(kind):
-    """Whether this max-sum kind's crossings are known in closed form for every row, so
-    that :func:`_solve_closed` serves it: the alpha-fair kinds at alpha = 0, 1, 2, the
-    point hit utility (its log gain ``k log(1 - p) + log p`` is linear in ``k``), and
-    Knapsack, whose crossings are certified by bounds (:func:`_knapsack_count`) all but
-    near a step."""
+    """Whether this kind's crossings are known in closed form for every row, so that
+    :func:`_solve_closed` serves it: the alpha-fair kinds at alpha = 0, 1, 2, the point
+    hit utility (its log gain ``k log(1 - p) + log p`` is linear in ``k``), VIP's and
+    GVM's costs (a gain ``a / ((k - 1) k) + b`` or ``W / (k (k + 1))`` crosses a value
+    at the root of a quadratic), and Knapsack, whose crossings are certified by bounds
+    (:func:`_knapsack_count`) all but near a step."""
     return (kind == FAIR_SUM or kind == FAIR_LOG or kind == FAIR_INVERSE or kind == POINT_HIT
-            or kind == KNAPSACK)
+            or kind == KNAPSACK or kind == RLOO_VARIANCE or kind == INVERSE_COUNT)
 
 
 @njit(cache=True, error_model="numpy")
 def _exact_guess(kind, x2):
     """Whether :func:`_guess` is the exact crossing (up to rounding) for this kind."""
-    if kind == FAIR_SUM or kind == FAIR_LOG or kind == FAIR_INVERSE or kind == POINT_HIT:
+    if (kind == FAIR_SUM or kind == FAIR_LOG or kind == FAIR_INVERSE or kind == POINT_HIT
+            or kind == INVERSE_COUNT):
         return True
     return kind == ALPHA_FAIR and (x2 == 0.0 or x2 == 1.0)
 
@@ -749,6 +751,12 @@ def _settled_start(kind, x0, x1, x2, c, lam, aux, floor, ceil):
         if k >= 0:
             return k, True
     g, start = _guessed_start(kind, x0, x1, x2, c, lam, aux, floor, ceil)
+    if kind == RLOO_VARIANCE:
+        # The root reads d = lam - b, rounded to 1.2e-16 max(|lam|, |b|): where that is
+        # below 1.2e-11 d, it moves the root by less than 6e-12 relative, and evaluating a
+        # gain errs by less than 5e-11 d, far inside the margin of _off_step (a root 1e-9
+        # off a step puts the gains beside it 2e-9 d from lam).
+        return start, _off_step(g) and max(abs(lam), abs(x1)) < 1e5 * (lam - x1)
     return start, _exact_guess(kind, x2) and _off_step(g)
 
 
