@@ -221,6 +221,33 @@ def _approx_logs(vals, n, scratch):
             0.2 + t2 * (1.0 / 7.0 + t2 * (1.0 / 9.0)))))
 
 
+_LOG2E = 1.4426950408889634
+_EXP_MAX = 700.0
+
+
+@njit(cache=True, error_model="numpy")
+def _approx_exps(vals, n, scratch):
+    """Replace ``vals[:n]`` (each within ``[-_EXP_MAX, _EXP_MAX]``) by an approximation of
+    their exponentials, for guesses only: within 1e-10 (relative) of ``exp``.
+
+    ``exp x = 2^j 2^f`` with ``j = floor(x log2 e)``, ``2^f = exp(u)``, ``u = f log 2`` in
+    ``[0, log 2)``, to the ``u^11`` term (the rest is below ``u^12 / 12! < 3e-11``); ``2^j``
+    is written into the float's exponent bits, so the loops hold no call and vectorize.
+    """
+    bits = scratch.view(np.int64)
+    for j in range(n):
+        y = vals[j] * _LOG2E
+        whole = math.floor(y)
+        bits[j] = (np.int64(whole) + 1023) << 52
+        vals[j] = (y - whole) * _LN2
+    for j in range(n):
+        u = vals[j]
+        poly = 1.0 + u * (1.0 + u * (1.0 / 2.0 + u * (1.0 / 6.0 + u * (1.0 / 24.0 + u * (
+            1.0 / 120.0 + u * (1.0 / 720.0 + u * (1.0 / 5040.0 + u * (1.0 / 40320.0 + u * (
+                1.0 / 362880.0 + u * (1.0 / 3628800.0 + u * (1.0 / 39916800.0)))))))))))
+        vals[j] = poly * scratch[j]
+
+
 @njit(cache=True, error_model="numpy")
 def _log_beta_moment(a, b, lgamma_ratio, m):
     """``log E[(1 - p)^m]`` for ``p ~ Beta(a, b)``, ``a, b > 0``, ``m >= 0``.
@@ -835,6 +862,12 @@ def _row_count(kind, x0, x1, x2, c, lam, aux, floor, ceil, g_below, g_ceil):
         # the count is settled without evaluating a gain (unknown gains are cached as
         # NaN, except the bracket ends already known).
         return (k, g_ceil if k == ceil else np.nan, g_below if k == floor else np.nan)
+    return _row_search(kind, x0, x1, x2, c, lam, floor, ceil, k, g_below, g_ceil)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _row_search(kind, x0, x1, x2, c, lam, floor, ceil, k, g_below, g_ceil):
+    """:func:`_row_count`'s search from the start ``k`` (in ``[floor, ceil]``)."""
     if (kind == HIT_UTILITY and floor < k < ceil and k <= _PRODUCT_MAX
             and x0 > 0.0 and x1 > 0.0):
         # The gains beside the guess, and a few above it, from one product: the
@@ -1204,24 +1237,54 @@ def _first_pass(kind, p0, p1, p2, c, spare, lam, lo, hi, st_i, st_f, rows, na, a
     ibuf = fbuf.view(np.int64)
     kl = _key(lam, fbuf, ibuf)
     aux = _pass_constant(kind, lam)
+    m = lo.shape[0]
     total = 0
-    for i in range(lo.shape[0]):
-        floor = lo[i]
-        ceil = hi[i]
-        if floor < ceil:
-            k, nxt, lst = _row_count(kind, p0[i], p1[i], p2[i], c, lam, aux, floor, ceil,
-                                     _INF, -_INF)
-            total += k - floor
-        else:
-            k = floor
-            nxt = np.nan
-            lst = _INF
-        na[i] = k
-        a_next[i] = nxt
-        a_last[i] = lst
-        nb[i] = ceil
-        b_next[i] = -_INF
-        b_last[i] = np.nan
+    hit = kind == HIT_UTILITY
+    # The hit utility's guesses, a block at a time through the approximate exponential
+    # (a guess only sets where a search starts): off the chain each row's search waits on.
+    guesses = np.empty(_LOG_BLOCK, dtype=np.float64)
+    scratch = np.empty(_LOG_BLOCK, dtype=np.float64)
+    for start in range(0, m, _LOG_BLOCK):
+        n = min(_LOG_BLOCK, m - start)
+        if hit:
+            for j in range(n):
+                i = start + j
+                e = (p2[i] - lam) / (p0[i] + 1.0)
+                guesses[j] = min(max(e, -_EXP_MAX), _EXP_MAX) if e == e else 0.0
+            _approx_exps(guesses, n, scratch)
+        for j in range(n):
+            i = start + j
+            floor = lo[i]
+            ceil = hi[i]
+            if floor < ceil:
+                x0 = p0[i]
+                x1 = p1[i]
+                if hit and x0 > 0.0 and x1 > 0.0:
+                    # As _guess, with the block's exponential.
+                    e = (p2[i] - lam) / (x0 + 1.0)
+                    g = _INF if e > _EXP_MAX else guesses[j] - x1 - 0.5 * x0
+                    if g != g or g <= floor:
+                        k = floor
+                    elif g >= ceil:
+                        k = ceil
+                    else:
+                        k = np.int64(math.ceil(g))
+                    k, nxt, lst = _row_search(kind, x0, x1, p2[i], c, lam, floor, ceil, k,
+                                              _INF, -_INF)
+                else:
+                    k, nxt, lst = _row_count(kind, x0, x1, p2[i], c, lam, aux, floor, ceil,
+                                             _INF, -_INF)
+                total += k - floor
+            else:
+                k = floor
+                nxt = np.nan
+                lst = _INF
+            na[i] = k
+            a_next[i] = nxt
+            a_last[i] = lst
+            nb[i] = ceil
+            b_next[i] = -_INF
+            b_last[i] = np.nan
     cnt = st_i[_CA] + total
     return _moved_end(st_i, st_f, spare, kl, cnt), cnt
 
