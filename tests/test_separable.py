@@ -451,6 +451,19 @@ def test_beta_objectives_solve_alike_with_the_guess_row_and_the_exact_one(m):
         assert solve_separable(empty, 0, none, none).shape == (0,)
 
 
+def in_guess_blocks(func, x):
+    """``func`` applied in place to ``x`` block by block, as the kernels call it."""
+    from sera_opt.solvers import _separable_kernels as kernels
+
+    out = x.copy()
+    block = kernels._LOG_BLOCK
+    for start in range(0, x.size, block):
+        chunk = out[start:start + block].copy()
+        func(chunk, chunk.size, np.empty(block))
+        out[start:start + block] = chunk
+    return out
+
+
 @settings(max_examples=200, deadline=None)
 @given(values=st.lists(st.one_of(st.floats(-700.0, 700.0),
                                  st.sampled_from([0.0, -700.0, 700.0, 1e-300, -0.5, 0.5])),
@@ -462,12 +475,7 @@ def test_guess_exponentials_are_within_1e_10_of_exp(values):
     from sera_opt.solvers import _separable_kernels as kernels
 
     x = np.array(values)
-    out = x.copy()
-    block = kernels._LOG_BLOCK
-    for start in range(0, x.size, block):
-        chunk = out[start:start + block].copy()
-        kernels._approx_exps(chunk, chunk.size, np.empty(block))
-        out[start:start + block] = chunk
+    out = in_guess_blocks(kernels._approx_exps, x)
     assert np.max(np.abs(out / np.exp(x) - 1.0)) <= 1e-10
 
 
@@ -484,12 +492,7 @@ def test_guess_logs_are_within_1e_9_of_log(values):
     from sera_opt.solvers import _separable_kernels as kernels
 
     x = np.array(values)
-    out = x.copy()
-    block = kernels._LOG_BLOCK
-    for start in range(0, x.size, block):
-        chunk = out[start:start + block].copy()
-        kernels._approx_logs(chunk, chunk.size, np.empty(block))
-        out[start:start + block] = chunk
+    out = in_guess_blocks(kernels._approx_logs, x)
     assert np.max(np.abs(out - np.log(x))) <= 1e-9
 
 

@@ -760,13 +760,18 @@ def _guessed_start(kind, x0, x1, x2, c, lam, aux, floor, ceil):
         g = _fair_inverse_crossing(x0, x1, c, lam, aux)
     else:
         g = _guess(kind, x0, x1, x2, c, lam)
+    return g, _clamped_start(g, floor, ceil)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _clamped_start(g, floor, ceil):
+    """The integer start of a search from the guessed crossing ``g``: ``ceil(g)`` clamped
+    to ``[floor, ceil]`` (``floor`` where ``g`` is NaN)."""
     if g != g or g <= floor:
-        start = floor
-    elif g >= ceil:
-        start = ceil
-    else:
-        start = np.int64(math.ceil(g))
-    return g, start
+        return floor
+    if g >= ceil:
+        return ceil
+    return np.int64(math.ceil(g))
 
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -1263,12 +1268,7 @@ def _first_pass(kind, p0, p1, p2, c, spare, lam, lo, hi, st_i, st_f, rows, na, a
                     # As _guess, with the block's exponential.
                     e = (p2[i] - lam) / (x0 + 1.0)
                     g = _INF if e > _EXP_MAX else guesses[j] - x1 - 0.5 * x0
-                    if g != g or g <= floor:
-                        k = floor
-                    elif g >= ceil:
-                        k = ceil
-                    else:
-                        k = np.int64(math.ceil(g))
+                    k = _clamped_start(g, floor, ceil)
                     k, nxt, lst = _row_search(kind, x0, x1, p2[i], c, lam, floor, ceil, k,
                                               _INF, -_INF)
                 else:
