@@ -138,7 +138,8 @@ def prepare(kind, p0, p1, p2, exact):
     it. Without ``exact`` the log-gamma ratio is the guess's own approximation ``alpha
     log(beta + max(alpha - 1, 0) / 2)``, and the logs are :func:`_approx_logs` (within
     1e-9; no log-gamma, no libm call), valid for solves whose bounds keep every gain
-    evaluated below that limit (the caller checks). ``p2`` comes from the caller (numpy), for the reason given in :func:`solve`.
+    evaluated below that limit (the caller checks). ``p2`` comes from the caller (numpy),
+    for the reason given in :func:`solve`.
     """
     m = p0.shape[0]
     if not (kind == BETA_LEVELS or kind == HIT_UTILITY):
@@ -1265,10 +1266,9 @@ def _first_pass(kind, p0, p1, p2, c, spare, lam, lo, hi, st_i, st_f, rows, na, a
                 x0 = p0[i]
                 x1 = p1[i]
                 if hit and x0 > 0.0 and x1 > 0.0:
-                    # As _guess, with the block's exponential.
-                    e = (p2[i] - lam) / (x0 + 1.0)
-                    g = _INF if e > _EXP_MAX else guesses[j] - x1 - 0.5 * x0
-                    k = _clamped_start(g, floor, ceil)
+                    # As _guess, with the block's exponential (of an exponent clipped to
+                    # _EXP_MAX, which starts at ceil as _guess's inf does).
+                    k = _clamped_start(guesses[j] - x1 - 0.5 * x0, floor, ceil)
                     k, nxt, lst = _row_search(kind, x0, x1, p2[i], c, lam, floor, ceil, k,
                                               _INF, -_INF)
                 else:
