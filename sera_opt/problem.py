@@ -384,13 +384,17 @@ class AllocationProblem:
 
     @classmethod
     def _validated(cls, p: np.ndarray, budget: int, lo: int, hi: int, offset: int,
-                   capped: bool) -> AllocationProblem:
-        """The problem of inputs that a caller has already validated: ``p`` a finite
-        1-D float array in [0, 1], ``offset`` 0 or 1, and Python-int bounds and budget
-        with ``1 + offset <= lo <= hi <= MAX_BUDGET`` and ``lo * M <= budget <= hi * M``
-        (``hi`` being ``lo + budget - lo * M`` when not ``capped``)."""
+                   capped: bool, rates: np.ndarray | None = None) -> AllocationProblem:
+        """The problem of inputs that a caller has already validated: ``p`` a finite,
+        read-only 1-D float array in [0, 1], ``offset`` 0 or 1, and Python-int bounds and
+        budget with ``1 + offset <= lo <= hi <= MAX_BUDGET`` and ``lo * M <= budget <= hi
+        * M`` (``hi`` being ``lo + budget - lo * M`` when not ``capped``); ``rates``, when
+        given, its finite positive rates (no prompt at ``p = 0`` or ``1``), which the
+        problem keeps (:meth:`_cache_rates`)."""
         self = object.__new__(cls)
         self._assign(p, budget, offset, capped, lo, hi, budget - lo * p.shape[0])
+        if rates is not None:
+            self._cache_rates(rates, 0, 0)
         return self
 
     def __setattr__(self, name, value):

@@ -293,6 +293,134 @@ def test_block_counts_at_exact_products_and_huge_quotients():
         assert _total_below(rates, m_lo, m_lo + cap, False, 0, level) == expected, (cap, level)
 
 
+def _kernel_problem(rng, m, kind, uniform):
+    """Probabilities, their rates and bounds as the waterline kernels take them."""
+    from sera_opt.solvers._waterline_kernels import rates_from_probs
+
+    p = {"uniform": lambda: rng.uniform(1e-6, 1 - 1e-6, m),
+         "tied": lambda: rng.choice([0.1, 0.5, 0.9], m),
+         "equal": lambda: np.full(m, rng.uniform(0.05, 0.95)),
+         "skewed": lambda: np.clip(rng.beta(0.2, 3.0, m), 1e-9, 1 - 1e-9)}[kind]()
+    rates = np.empty(m)
+    rates_from_probs(p, rates)
+    if uniform:
+        lo = np.array([int(rng.integers(1, 4))])
+        hi = lo + int(rng.integers(1, 70))
+        total = int(hi[0] - lo[0]) * m
+    else:
+        lo = rng.integers(1, 4, m)
+        hi = lo + rng.integers(0, 30, m)
+        total = int((hi - lo).sum())
+    return p, rates, lo, hi, int(rng.integers(1, max(total, 2)))
+
+
+@pytest.mark.parametrize("kind", ["uniform", "tied", "equal", "skewed"])
+def test_a_guessed_bracket_gives_the_counts_of_the_search(kind):
+    # The integer solve guesses its first bracket from the relaxation; whether the guess
+    # holds, misses (a wrong level, slope or active count), or is not tried (no hint),
+    # the counts are the greedy's. Both routes are taken over these problems.
+    from sera_opt.solvers._waterline_kernels import linear_relax, linear_solve
+
+    rng = np.random.default_rng(11)
+    held = []
+    for trial in range(60):
+        m = int(rng.choice([3, 40, 700, 3000]))
+        uniform = bool(trial % 2)
+        p, rates, lo, hi, extra = _kernel_problem(rng, m, kind, uniform)
+        c = int(rng.integers(0, min(2, int(lo.min()))))
+        relaxed = np.empty(m)
+        level, slope, active = linear_relax(rates, lo, hi, uniform, c, float(extra), relaxed)
+        reference = np.empty(m, dtype=np.int64)
+        assert not linear_solve(rates, lo, hi, uniform, c, extra, math.nan, 0.0, 0, reference)
+        for hint, hint_slope, hint_active in ((level, slope, active),
+                                              (level, slope, 40 * active + 1000),
+                                              (level * 0.9, slope, active),
+                                              (level, slope * 7, max(active // 9, 1))):
+            counts = np.empty(m, dtype=np.int64)
+            held.append(linear_solve(rates, lo, hi, uniform, c, extra, hint, hint_slope,
+                                     hint_active, counts))
+            np.testing.assert_array_equal(counts, reference, err_msg=f"trial {trial}")
+        if m <= 40:
+            problem = AllocationProblem(p, int(np.broadcast_to(lo, m).sum()) + extra,
+                                        min_rollouts=np.broadcast_to(lo, m),
+                                        max_rollouts=np.broadcast_to(hi, m), offset=c)
+            np.testing.assert_array_equal(problem.rates, rates)
+            np.testing.assert_array_equal(reference, greedy_counts(problem))
+    assert any(held) and not all(held), sum(held)
+
+
+_RATE_CASES = st.one_of(
+    st.floats(0.0, 1.0),
+    st.floats(0.0, 1e-12),
+    st.floats(1 - 1e-6, 1.0),
+    st.floats(0.25, 0.35),  # 1 - p about 1/sqrt(2), where the log's mantissa range splits
+    st.sampled_from([0.0, 1.0, 5e-324, 2.0**-53, 2.0**-54, 0.5, 1 - 2.0**-53]),
+)
+
+
+def _exact_rate(p: float):
+    from decimal import Decimal, localcontext
+
+    with localcontext() as ctx:
+        # Digits enough to keep 1 - p exact, and 40 more for its log.
+        ctx.prec = 40 + max(0, -math.frexp(p)[1]) if p > 0 else 40
+        return -(Decimal(1) - Decimal(p)).ln()
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(_RATE_CASES, min_size=1, max_size=600))
+def test_rates_are_within_two_ulp_of_the_exact_value(probs):
+    # -log(1 - p) through the blocked kernel (its own log) against 50-digit arithmetic;
+    # p = 0 and p = 1 are counted, and the extremes and sum 1/a are those of the output.
+    from decimal import Decimal
+
+    from sera_opt.solvers._waterline_kernels import _rates_pass
+
+    p = np.array(probs, dtype=np.float64)
+    out = np.empty_like(p)
+    zeros, infs, bad, a_min, a_max, inv_sum = _rates_pass(p, out, True)
+    assert (zeros, infs, bad) == (int(np.sum(p == 0)), int(np.sum(p == 1)), 0)
+    for x, a in zip(p.tolist(), out.tolist()):
+        if x == 0.0:
+            assert a == 0.0
+        elif x == 1.0:
+            assert a == math.inf
+        else:
+            exact = _exact_rate(x)
+            assert abs(Decimal(a) - exact) <= 2 * Decimal(math.ulp(float(exact))), x
+    assert (a_min, a_max) == (out.min(), out.max())
+    parts = [sum((1.0 / out[i] for i in range(j, p.shape[0], 4)), 0.0) for j in range(4)]
+    assert inv_sum == (parts[0] + parts[1]) + (parts[2] + parts[3]) or not np.all(out > 0)
+
+
+def test_rates_of_values_that_are_not_probabilities_are_counted():
+    from sera_opt.solvers._waterline_kernels import rates_from_probs
+
+    p = np.array([0.5, np.nan, -0.0, -1e-300, np.nextafter(1.0, 2.0), np.inf, 0.25] * 50)
+    out = np.empty_like(p)
+    assert rates_from_probs(p, out) == (50, 0, 200)  # -0.0 is p = 0
+    np.testing.assert_array_equal(out[::7], np.full(50, -math.log1p(-0.5)))
+
+
+def test_the_block_log_is_within_an_ulp_of_the_exact_log():
+    from decimal import Decimal, localcontext
+
+    from sera_opt.solvers._waterline_kernels import _block_logs
+
+    rng = np.random.default_rng(4)
+    x = np.concatenate([rng.uniform(2.0**-54, 1.0, 3000), 10.0 ** rng.uniform(-16, 0, 3000),
+                        np.sqrt(0.5) * (1 + rng.uniform(-1e-12, 1e-12, 500)),
+                        np.nextafter(1.0, 0) - rng.integers(0, 1000, 500) * 2.0**-53])
+    mant, exp = np.frexp(x)  # x = mant 2^exp with mant in [0.5, 1)
+    vals = mant * 2.0
+    _block_logs(vals, (exp - 1).astype(np.float64), x.shape[0])
+    with localcontext() as ctx:
+        ctx.prec = 50
+        for v, xi in zip(vals.tolist(), x.tolist()):
+            exact = Decimal(xi).ln()
+            assert abs(Decimal(v) - exact) <= Decimal(math.ulp(float(exact))), xi
+
+
 def reference_waterline(problem: AllocationProblem):
     """Exact continuous waterline by sorting breakpoints (finite positive rates only)."""
     a = problem.rates

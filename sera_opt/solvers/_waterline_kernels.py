@@ -20,6 +20,7 @@ pass writes the counts at the lower end and collects those pre-levels.
 from __future__ import annotations
 
 import math
+from decimal import Decimal, localcontext
 
 import numpy as np
 from numba import njit
@@ -53,14 +54,60 @@ def take_beyond(vals, e, threshold, owner, counts, larger):
     return taken, band
 
 
+# log 2 in two parts: _LN2_HI keeps 37 significant bits, so that e * _LN2_HI is exact
+# for every exponent e of a float, and _LN2_LO is the rest (from a 60-digit log 2).
+def _split_ln2() -> tuple[float, float]:
+    with localcontext() as ctx:
+        ctx.prec = 60
+        ln2 = Decimal(2).ln()
+    bits = np.array([float(ln2)]).view(np.int64) & ~np.int64((1 << 16) - 1)
+    hi = float(bits.view(np.float64)[0])
+    return hi, float(ln2 - Decimal(hi))
+
+
+_LN2_HI, _LN2_LO = _split_ln2()
+_SQRT2 = math.sqrt(2.0)
+# 2 / (2k + 1), k = 1 .. 10: log(1 + f) = 2 atanh(s) = 2s + s R(s^2), R(z) = sum_k C_k z^k.
+(_C1, _C2, _C3, _C4, _C5, _C6, _C7, _C8, _C9, _C10) = (2.0 / (2 * k + 1) for k in range(1, 11))
+_RATE_BLOCK = 256
+
+
+@njit(cache=True, inline="always", error_model="numpy")
+def _block_logs(w, e, n):
+    """``w[:n] = log(w[:n] 2^e[:n])`` for mantissas ``w`` in ``[1, 2)`` and exponents ``e``
+    (floats), within an ulp. No call and no branch, so the loop vectorizes.
+
+    The mantissa is brought into ``[1/sqrt 2, sqrt 2)`` (``f = m - 1`` is then exact),
+    ``s = f / (2 + f)`` (``|s| < 0.1716``) and ``log(1 + f) = f - (f^2/2 - s (f^2/2 +
+    R))``: the series ``R`` of ``2 atanh s - 2 s`` to the ``s^21`` term (what is left is
+    below ``s^23 < 1e-18`` relative) only enters a correction at most a fifth of the
+    result, whose leading term ``f`` is exact; ``e log 2`` is added in two parts.
+    """
+    for j in range(n):
+        m = w[j]
+        k = e[j]
+        big = m > _SQRT2
+        m = m * 0.5 if big else m
+        k = k + 1.0 if big else k
+        f = m - 1.0
+        sv = f / (2.0 + f)
+        z = sv * sv
+        r = z * (_C1 + z * (_C2 + z * (_C3 + z * (_C4 + z * (_C5 + z * (_C6 + z * (
+            _C7 + z * (_C8 + z * (_C9 + z * _C10)))))))))
+        half_sq = 0.5 * f * f
+        w[j] = k * _LN2_HI - ((half_sq - (sv * (half_sq + r) + k * _LN2_LO)) - f)
+
+
 @njit(cache=True, error_model="numpy")
 def rates_from_probs(p, out):
     """``out = -log(1 - p)`` (Goldberg's form of ``log1p``: ``p log(w) / (w - 1)`` with
-    ``w = fl(1 - p)``, within an ulp of ``log1p``, and ``p`` where ``w`` rounds to 1).
+    ``w = fl(1 - p)``, and ``p`` where ``w`` rounds to 1): within 2 ulp of the exact
+    value, as ``log1p`` is within one.
 
-    One pass, with ``math.log`` (several times faster than ``log1p``). Returns the
-    numbers of prompts with rate 0 (``p = 0``) and rate inf (``p = 1``), and of values
-    that are not probabilities (NaN or outside [0, 1]; their rates are meaningless).
+    One pass, in blocks whose loops hold no call (the log is :func:`_block_logs`) and
+    vectorize. Returns the numbers of prompts with rate 0 (``p = 0``) and rate inf (``p
+    = 1``), and of values that are not probabilities (NaN or outside [0, 1]; their rates
+    are meaningless).
     """
     zeros, infs, bad, _, _, _ = _rates_pass(p, out, False)
     return zeros, infs, bad
@@ -69,34 +116,63 @@ def rates_from_probs(p, out):
 @njit(cache=True, error_model="numpy")
 def _rates_pass(p, out, extremes):
     """:func:`rates_from_probs`, and with ``extremes`` also the smallest and largest
-    rate and ``sum 1 / rate`` (what :func:`_extremes` needs under scalar bounds)."""
+    rate and ``sum 1 / rate`` (what :func:`_extremes` needs under scalar bounds; summed
+    in four interleaved parts, the same on every machine)."""
+    n = p.shape[0]
+    logs = np.empty(_RATE_BLOCK, dtype=np.float64)
+    exps = np.empty(_RATE_BLOCK, dtype=np.float64)
+    bits = logs.view(np.int64)
     zeros = 0
     infs = 0
     bad = 0
     a_min = np.inf
     a_max = -np.inf
-    inv_sum = 0.0
-    for i in range(p.shape[0]):
-        x = p[i]
-        if not (0.0 <= x <= 1.0):
-            bad += 1
-        w = 1.0 - x
-        d = w - 1.0
-        if d == 0.0:
-            a = x
-            if x == 0.0:
-                zeros += 1
-        elif w == 0.0:
-            a = np.inf
-            infs += 1
-        else:
-            a = x * math.log(w) / d
-        out[i] = a
+    s0 = 0.0
+    s1 = 0.0
+    s2 = 0.0
+    s3 = 0.0
+    for s in range(0, n, _RATE_BLOCK):
+        size = min(_RATE_BLOCK, n - s)
+        x_blk = p[s:s + size]
+        a_blk = out[s:s + size]
+        for t in range(size):
+            x = x_blk[t]
+            bad += not (0.0 <= x <= 1.0)
+            zeros += x == 0.0
+            w = 1.0 - x
+            infs += w == 0.0
+            logs[t] = w
+        for t in range(size):
+            b = bits[t]
+            bits[t] = (b & 0x000FFFFFFFFFFFFF) | 0x3FF0000000000000
+            exps[t] = ((b >> 52) & 0x7FF) - 1023
+        _block_logs(logs, exps, size)
+        for t in range(size):
+            x = x_blk[t]
+            w = 1.0 - x
+            d = w - 1.0
+            a = x * logs[t] / d
+            a = x if d == 0.0 else a
+            a_blk[t] = np.inf if w == 0.0 else a
         if extremes:
-            a_min = min(a_min, a)
-            a_max = max(a_max, a)
-            inv_sum += 1.0 / a
-    return zeros, infs, bad, a_min, a_max, inv_sum
+            for t in range(size):
+                a = a_blk[t]
+                a_min = a if a < a_min else a_min
+                a_max = a if a > a_max else a_max
+            # Prompt i adds to part i % 4 (blocks start at multiples of 4).
+            whole = size & ~3
+            for t in range(0, whole, 4):
+                s0 += 1.0 / a_blk[t]
+                s1 += 1.0 / a_blk[t + 1]
+                s2 += 1.0 / a_blk[t + 2]
+                s3 += 1.0 / a_blk[t + 3]
+            if whole < size:
+                s0 += 1.0 / a_blk[whole]
+            if whole + 1 < size:
+                s1 += 1.0 / a_blk[whole + 1]
+            if whole + 2 < size:
+                s2 += 1.0 / a_blk[whole + 2]
+    return zeros, infs, bad, a_min, a_max, (s0 + s1) + (s2 + s3)
 
 
 @njit(cache=True, inline="always", error_model="numpy")
@@ -246,14 +322,25 @@ def _extremes(rates, lo, hi, uniform, c):
 
 
 @njit(cache=True, error_model="numpy")
-def linear_solve(rates, lo, hi, uniform, c, extra, hint, hint_slope, counts):
-    """SERA's greedy on finite positive rates; see :func:`_solve_core`."""
-    _solve_core(rates, lo, hi, uniform, c, extra, hint, hint_slope, counts,
-                _extremes(rates, lo, hi, uniform, c))
+def linear_solve(rates, lo, hi, uniform, c, extra, hint, hint_slope, hint_active, counts):
+    """SERA's greedy on finite positive rates; see :func:`_solve_core` (and what it
+    returns)."""
+    return _solve_core(rates, lo, hi, uniform, c, extra, hint, hint_slope, hint_active,
+                       counts, _extremes(rates, lo, hi, uniform, c))
+
+
+# The integer count G(L) below the relaxation's level exceeds the relaxed total by
+# about half a rollout per prompt strictly inside its bounds (the ceiling's share),
+# give or take the spread of a sum of that many fractional parts, sqrt(active / 12),
+# and the curvature of G over the step back to ``extra``, which a linear step does not
+# see. The first bracket tried spans _GUESS_SPREAD of those spreads and
+# _GUESS_CURVATURE of the step on either side.
+_GUESS_SPREAD = 6.0
+_GUESS_CURVATURE = 0.05
 
 
 @njit(cache=True, error_model="numpy")
-def _solve_core(rates, lo, hi, uniform, c, extra, hint, hint_slope, counts, ext):
+def _solve_core(rates, lo, hi, uniform, c, extra, hint, hint_slope, hint_active, counts, ext):
     """SERA's greedy: hand out ``extra`` rollouts one at a time to the lowest level.
 
     Writes ``counts`` (``lo`` plus the increments). Every pre-level strictly below
@@ -261,13 +348,25 @@ def _solve_core(rates, lo, hi, uniform, c, extra, hint, hint_slope, counts, ext)
     ``T`` go to the largest rate first (its next level is highest, the
     lexicographically better choice), then to the lowest index.
 
-    ``T`` is bracketed by secant steps (safeguarded by bisection) on the step
-    function ``G(L) = #pre-levels < L``, each evaluation one read-only pass, from
-    ``hint`` (the continuous waterline, with ``hint_slope`` its slope ``sum 1 / a``
-    over the prompts strictly inside their bounds, when known) or the relaxation's
-    all-active root, until the bracket holds few pre-levels; one pass then writes
-    the counts at the bracket's lower end and collects the pre-levels inside it,
-    among which ``T`` is selected exactly by a partition (:func:`_collect_select`).
+    With the relaxation's level ``hint``, its slope ``hint_slope`` (``sum 1 / a``
+    over the prompts strictly inside their bounds there) and their number
+    ``hint_active``, the first bracket of ``T`` is guessed: the relaxed total
+    plus half a rollout per active prompt puts ``G`` at ``extra`` a little
+    below ``hint``, give or take the spread of the fractional parts. One pass
+    (:func:`_collect`) writes the counts at the guess's lower end and collects
+    the pre-levels inside it; when the guess brackets ``T`` (it almost always
+    does), ``T`` is selected among those and the solve is done.
+
+    Otherwise (no hint, or a guess that missed, whose counts then narrow the
+    bracket) ``T`` is bracketed by secant steps (safeguarded by bisection) on
+    the step function ``G(L) = #pre-levels < L``, each evaluation one
+    read-only pass, from ``hint`` or a subsample's waterline, until the bracket
+    holds few pre-levels; one pass then writes the counts at the bracket's lower
+    end and collects the pre-levels inside it, among which ``T`` is selected
+    exactly by a partition (:func:`_select`). The bracket only decides how much
+    is collected: any bracket of ``T`` gives the same counts.
+
+    Returns whether the guessed bracket held (for the tests, which cover both routes).
     """
     n = rates.shape[0]
     lo_l, hi_l, _, total, inv_sum, m_sum = ext
@@ -276,15 +375,48 @@ def _solve_core(rates, lo, hi, uniform, c, extra, hint, hint_slope, counts, ext)
         for i in range(n):
             j = 0 if uniform else i
             counts[i] = hi[j] if full else lo[j]
-        return
+        return False
     hi_l = np.nextafter(hi_l, np.inf)
     g_lo = 0  # nothing lies strictly below the smallest pre-level
     g_hi = total
     target = extra - 0.5
     limit = max(_COLLECT_MIN, n >> 4)
+    prev_level = np.nan
+    prev_g = 0
     if lo_l < hint < hi_l:
         level = hint
         slope = hint_slope if hint_slope > 0.0 else inv_sum
+        if hint_slope > 0.0 and hint_active > 0:
+            step = 0.5 * hint_active
+            spread = (_GUESS_SPREAD * math.sqrt(hint_active / 12.0) + _GUESS_CURVATURE * step
+                      + 2.0)
+            centre = hint - step / hint_slope
+            a = max(centre - spread / hint_slope, lo_l)
+            b = min(centre + spread / hint_slope, hi_l)
+            if a < b:
+                room = np.int64(4.0 * spread) + 16
+                vals = np.empty(room, dtype=np.float64)
+                owner = np.empty(room, dtype=np.int64)
+                g_a, g_b, got = _collect(rates, lo, hi, uniform, c, a, b, counts, vals, owner)
+                if g_a < extra <= g_b and got == g_b - g_a:
+                    _select(rates, extra - g_a, vals, owner, got, counts)
+                    return True
+                # A miss: its two counts narrow the bracket, and the secant starts there.
+                for x, g in ((a, g_a), (b, g_b)):
+                    if g < extra:
+                        if x > lo_l:
+                            lo_l = x
+                            g_lo = g
+                    elif x < hi_l:
+                        hi_l = x
+                        g_hi = g
+                if g_b != g_a:
+                    slope = (g_b - g_a) / (b - a)
+                prev_level = b
+                prev_g = g_b
+                level = b + (target - g_b) / slope
+                if not (lo_l < level < hi_l):
+                    level = 0.5 * (lo_l + hi_l)
     else:
         level = (target + m_sum) / inv_sum
         slope = inv_sum
@@ -296,16 +428,14 @@ def _solve_core(rates, lo, hi, uniform, c, extra, hint, hint_slope, counts, ext)
             lo_s = lo if uniform else lo[sub]
             hi_s = hi if uniform else hi[sub]
             r_s = rates[sub]
-            guess, sub_slope = _relax_root(r_s, lo_s, hi_s, uniform, c,
-                                           extra * sub.shape[0] / n, np.nan,
-                                           _extremes(r_s, lo_s, hi_s, uniform, c))
+            guess, sub_slope, _ = _relax_root(r_s, lo_s, hi_s, uniform, c,
+                                              extra * sub.shape[0] / n, np.nan,
+                                              _extremes(r_s, lo_s, hi_s, uniform, c))
             if sub_slope > 0.0:
                 level = guess
                 slope = sub_slope * n / sub.shape[0]
         if not (lo_l < level < hi_l):
             level = 0.5 * (lo_l + hi_l)
-    prev_level = np.nan
-    prev_g = 0
     for _ in range(200):
         if g_hi - g_lo <= limit or hi_l <= np.nextafter(lo_l, np.inf):
             break
@@ -326,44 +456,56 @@ def _solve_core(rates, lo, hi, uniform, c, extra, hint, hint_slope, counts, ext)
             if not (lo_l < nxt < hi_l):
                 break
         level = nxt
-    _collect_select(rates, lo, hi, uniform, c, extra, lo_l, hi_l, g_lo, g_hi - g_lo, counts)
+    size = g_hi - g_lo
+    vals = np.empty(size, dtype=np.float64)
+    owner = np.empty(size, dtype=np.int64)
+    _collect(rates, lo, hi, uniform, c, lo_l, hi_l, counts, vals, owner)
+    _select(rates, extra - g_lo, vals, owner, size, counts)
+    return False
 
 
 @njit(cache=True, error_model="numpy")
-def _collect_select(rates, lo, hi, uniform, c, extra, lo_l, hi_l, g_lo, size, counts):
-    """The greedy's counts from a bracket ``[lo_l, hi_l)`` of its threshold, with
-    ``g_lo = G(lo_l) < extra <= G(hi_l) = g_lo + size``: one pass writes the counts at
-    ``lo_l`` and collects the ``size`` pre-levels in the bracket with their owners, and
-    ``T`` is selected among those."""
+def _collect(rates, lo, hi, uniform, c, lo_l, hi_l, counts, vals, owner):
+    """One pass: the counts at ``lo_l`` into ``counts``, and the pre-levels in ``[lo_l,
+    hi_l)`` with their owners into ``vals`` and ``owner`` while they fit. Returns
+    ``(G(lo_l), G(hi_l), collected)``; every pre-level in the bracket was collected when
+    ``collected == G(hi_l) - G(lo_l)``.
+
+    A prompt's pre-levels rise with its count, so it has one in the bracket exactly when
+    the first one not below ``lo_l``, ``a (m_lo + k)``, lies below ``hi_l``; only those
+    prompts walk on (the same products the greedy compares)."""
     n = rates.shape[0]
-    # One slot of slack: each prompt writes its first pre-level in the bracket before
-    # knowing whether it has one (no branch to mispredict).
-    vals = np.empty(size + 1, dtype=np.float64)
-    owner = np.empty(size + 1, dtype=np.int64)
+    room = vals.shape[0]
     at_lo = np.empty(_BLOCK, dtype=np.float64)
-    at_hi = np.empty(_BLOCK, dtype=np.float64)
+    g_lo = 0
     f = 0
     for s in range(0, n, _BLOCK):
         e = min(s + _BLOCK, n)
-        _block_counts(rates, lo, hi, uniform, c, lo_l, s, e, at_lo)
-        _block_counts(rates, lo, hi, uniform, c, hi_l, s, e, at_hi)
+        g_lo += _block_counts(rates, lo, hi, uniform, c, lo_l, s, e, at_lo)
         for i in range(s, e):
             j = 0 if uniform else i
             m = lo[j] - c
-            k0 = np.int64(at_lo[i - s])
-            inside = np.int64(at_hi[i - s]) - k0
-            counts[i] = lo[j] + k0
+            cap = hi[j] - lo[j]
+            k = np.int64(at_lo[i - s])
+            counts[i] = lo[j] + k
             a = rates[i]
-            vals[f] = a * (m + k0)
-            owner[f] = i
-            for k in range(1, inside):
-                vals[f + k] = a * (m + k0 + k)
-                owner[f + k] = i
-            f += inside
-    need = extra - g_lo
+            v = a * (m + k)
+            while k < cap and v < hi_l:
+                if f < room:
+                    vals[f] = v
+                    owner[f] = i
+                f += 1
+                k += 1
+                v = a * (m + k)
+    return g_lo, g_lo + f, min(f, room)
+
+
+@njit(cache=True, error_model="numpy")
+def _select(rates, need, vals, owner, f, counts):
+    """Add the greedy's last ``need`` rollouts to ``counts``: the ``need`` smallest of the
+    ``f`` collected pre-levels ``vals`` (every pre-level of the bracket, each row's in
+    order), ties at the threshold by rate (larger first), then index."""
     threshold = np.partition(vals[:f], need - 1)[need - 1]
-    # Take every collected pre-level below the threshold (they are each row's next ones,
-    # in order); ties at the threshold by rate (larger first), then index.
     taken, band = take_beyond(vals, f, threshold, owner, counts, False)
     remaining = need - taken
     if remaining == 0:
@@ -382,11 +524,13 @@ def _collect_select(rates, lo, hi, uniform, c, extra, lo_l, hi_l, g_lo, size, co
 def _piece(rates, lo, hi, uniform, c, level):
     """The piece of ``F(L) = sum_i clip(L / a_i - m_lo_i, 0, cap_i)`` that contains
     ``level``, in one read-only pass: its slope ``sum 1 / a_i`` over the prompts
-    strictly inside their bounds, their ``sum m_lo_i``, the capacity of the prompts at
-    their maximum, and the nearest breakpoints ``left <= level < right``."""
+    strictly inside their bounds, their ``sum m_lo_i`` and their number, the capacity
+    of the prompts at their maximum, and the nearest breakpoints ``left <= level <
+    right``."""
     slope = 0.0
     act_m = 0.0
     full = 0.0
+    active = 0
     left = -np.inf
     right = np.inf
     for i in range(rates.shape[0]):
@@ -402,6 +546,7 @@ def _piece(rates, lo, hi, uniform, c, level):
         elif level < b1:
             slope += 1.0 / a
             act_m += m
+            active += 1
             if b0 > left:
                 left = b0
             if b1 < right:
@@ -410,14 +555,15 @@ def _piece(rates, lo, hi, uniform, c, level):
             full += cap
             if b1 > left:
                 left = b1
-    return slope, act_m, full, left, right
+    return slope, act_m, full, active, left, right
 
 
 @njit(cache=True, error_model="numpy")
 def _relax_root(rates, lo, hi, uniform, c, extra, start, ext):
     """The waterline ``L`` with ``sum_i clip(L / a_i - m_lo_i, 0, cap_i) = extra``, from a
-    first guess ``start`` (NaN: the all-active root). Returns ``(L, slope)``, ``slope``
-    being ``sum 1 / a_i`` over the prompts strictly inside their bounds at ``L``.
+    first guess ``start`` (NaN: the all-active root). Returns ``(L, slope, active)``,
+    ``slope`` being ``sum 1 / a_i`` over the prompts strictly inside their bounds at
+    ``L`` and ``active`` their number.
     ``ext`` is :func:`_extremes` of these prompts.
 
     ``F(L) = sum_i x_i(L)`` is piecewise linear. Each read-only pass evaluates the
@@ -429,9 +575,9 @@ def _relax_root(rates, lo, hi, uniform, c, extra, start, ext):
     """
     lo_l, _, hi_l, total, inv_sum, m_sum = ext
     if total == 0 or extra <= 0.0:
-        return (lo_l if total > 0 else 0.0), 0.0
+        return (lo_l if total > 0 else 0.0), 0.0, 0
     if extra >= total:
-        return hi_l, 0.0
+        return hi_l, 0.0, 0
     level = start
     if not (lo_l < level < hi_l):
         # Start from the root of the piece where every prompt is active.
@@ -440,8 +586,9 @@ def _relax_root(rates, lo, hi, uniform, c, extra, start, ext):
             level = 0.5 * (lo_l + hi_l)
     root = level
     slope = 0.0
+    active = 0
     for _ in range(400):
-        slope, act_m, full, left, right = _piece(rates, lo, hi, uniform, c, level)
+        slope, act_m, full, active, left, right = _piece(rates, lo, hi, uniform, c, level)
         value = slope * level - act_m + full
         if slope > 0.0:
             root = (extra - full + act_m) / slope
@@ -462,7 +609,7 @@ def _relax_root(rates, lo, hi, uniform, c, extra, start, ext):
                 root = level
                 break
             level = nxt
-    return root, slope
+    return root, slope, active
 
 
 # From this many prompts on, the waterline of a strided subsample (a quarter of the
@@ -482,14 +629,14 @@ def _relax_start(rates, lo, hi, uniform, c, extra):
     lo_s = lo if uniform else lo[sub]
     hi_s = hi if uniform else hi[sub]
     r_s = rates[sub]
-    start, _ = _relax_root(r_s, lo_s, hi_s, uniform, c, extra * sub.shape[0] / n, np.nan,
+    start, _, _ = _relax_root(r_s, lo_s, hi_s, uniform, c, extra * sub.shape[0] / n, np.nan,
                            _extremes(r_s, lo_s, hi_s, uniform, c))
     return start
 
 
 @njit(cache=True, error_model="numpy")
 def _relax_core(rates, lo, hi, uniform, c, extra, relaxed, ext):
-    root, slope = _relax_root(rates, lo, hi, uniform, c, extra,
+    root, slope, active = _relax_root(rates, lo, hi, uniform, c, extra,
                               _relax_start(rates, lo, hi, uniform, c, extra), ext)
     for i in range(rates.shape[0]):
         j = 0 if uniform else i
@@ -500,14 +647,14 @@ def _relax_core(rates, lo, hi, uniform, c, extra, relaxed, ext):
             relaxed[i] = lo[j] + min(max(v, 0.0), cap)
         else:
             relaxed[i] = lo[j]
-    return root, slope
+    return root, slope, active
 
 
 @njit(cache=True, error_model="numpy")
 def linear_relax(rates, lo, hi, uniform, c, extra, relaxed):
     """The continuous waterline: ``x_i(L) = clip(L / a_i - m_lo_i, 0, cap_i)`` with
-    ``sum x = extra``; writes ``relaxed = lo + x`` and returns ``(L, slope)`` (see
-    :func:`_relax_root`)."""
+    ``sum x = extra``; writes ``relaxed = lo + x`` and returns ``(L, slope, active)``
+    (see :func:`_relax_root`)."""
     return _relax_core(rates, lo, hi, uniform, c, extra, relaxed,
                        _extremes(rates, lo, hi, uniform, c))
 
@@ -543,7 +690,9 @@ def waterline_solve(p, rates, compute_rates, lo, hi, uniform, c, extra, continuo
         ext = _extremes(rates, lo, hi, uniform, c)
     level = np.nan
     slope = 0.0
+    active = 0
     if continuous:
-        level, slope = _relax_core(rates, lo, hi, uniform, c, float(extra), relaxed, ext)
-    _solve_core(rates, lo, hi, uniform, c, extra, level, slope, counts, ext)
+        level, slope, active = _relax_core(rates, lo, hi, uniform, c, float(extra), relaxed,
+                                           ext)
+    _solve_core(rates, lo, hi, uniform, c, extra, level, slope, active, counts, ext)
     return level, 0, 0, 0

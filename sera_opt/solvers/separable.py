@@ -353,7 +353,7 @@ def _linear_fill(rates, m_lo, cap, extra, hint=math.nan) -> np.ndarray:
     hi = lo + np.ascontiguousarray(cap, dtype=np.int64)
     counts = np.empty(lo.shape[0], dtype=np.int64)
     linear_solve(np.ascontiguousarray(rates, dtype=np.float64), lo, hi, False, 0, int(extra),
-                 float(hint), 0.0, counts)
+                 float(hint), 0.0, 0, counts)
     return counts - lo
 
 

@@ -62,21 +62,22 @@ def continuous_waterline(problem: AllocationProblem) -> tuple[np.ndarray, float]
     division (no tolerance loop). Prompts with ``p = 0`` / ``p = 1`` follow the
     limit order of :mod:`sera_opt.solvers._tiers`.
     """
-    counts, level, _ = _relax(problem)
+    counts, level, _, _ = _relax(problem)
     return counts, level
 
 
-def _relax(problem: AllocationProblem) -> tuple[np.ndarray, float, float]:
-    """:func:`continuous_waterline`, and the slope of ``sum_i n_i(L)`` at ``L*``."""
+def _relax(problem: AllocationProblem) -> tuple[np.ndarray, float, float, int]:
+    """:func:`continuous_waterline`, the slope of ``sum_i n_i(L)`` at ``L*`` and the number
+    of prompts strictly inside their bounds there (0, 0 when some prompt is at an edge)."""
     linear_relax = _kernels().linear_relax
     rates = problem.rates
     c = problem.offset
     if not problem.has_edges:
         lo, hi, uniform = _kernel_bounds(problem)
         relaxed = np.empty(problem.num_prompts, dtype=np.float64)
-        level, slope = linear_relax(rates, lo, hi, uniform, c, float(problem.spare_budget),
-                                    relaxed)
-        return relaxed, float(level), float(slope)
+        level, slope, active = linear_relax(rates, lo, hi, uniform, c,
+                                            float(problem.spare_budget), relaxed)
+        return relaxed, float(level), float(slope), int(active)
     lo = problem.min_rollouts
     m_lo = lo - c
     cap = problem.max_rollouts - lo
@@ -84,7 +85,7 @@ def _relax(problem: AllocationProblem) -> tuple[np.ndarray, float, float]:
     def finite(idx, take):
         lo_t = np.ascontiguousarray(lo[idx])
         out = np.empty(lo_t.shape[0], dtype=np.float64)
-        level, _ = linear_relax(np.ascontiguousarray(rates[idx]), lo_t,
+        level, _, _ = linear_relax(np.ascontiguousarray(rates[idx]), lo_t,
                                 np.ascontiguousarray(problem.max_rollouts[idx]), False, c,
                                 float(take), out)
         return level, out - lo_t
@@ -96,11 +97,11 @@ def _relax(problem: AllocationProblem) -> tuple[np.ndarray, float, float]:
 
     level, inc = _tiers.fill_tiers(m_lo, cap, problem.spare_budget, rates == 0, np.isinf(rates),
                                    finite, continuous=True, finite_level=lowest_level)
-    return lo + inc, float(level), 0.0
+    return lo + inc, float(level), 0.0, 0
 
 
 def integer_waterline(problem: AllocationProblem, hint: float = math.nan,
-                      hint_slope: float = 0.0) -> np.ndarray:
+                      hint_slope: float = 0.0, hint_active: int = 0) -> np.ndarray:
     """The lexicographically max-min optimal integer counts (exact).
 
     Equal to handing out the spare budget one rollout at a time to the prompt
@@ -108,15 +109,16 @@ def integer_waterline(problem: AllocationProblem, hint: float = math.nan,
     prompt with the larger rate ``a_i`` first, then the lower index), but
     computed by locating the greedy's final level threshold directly: O(M)
     per pass, a few passes. ``hint``, the continuous waterline level (and
-    ``hint_slope``, the relaxation's slope there), is a good starting point for
-    that search (it only affects speed).
+    ``hint_slope``, the relaxation's slope there, and ``hint_active``, the number of
+    prompts strictly inside their bounds there), is a good starting point for that
+    search (it only affects speed).
     """
     linear_solve = _kernels().linear_solve
     if not problem.has_edges:
         lo, hi, uniform = _kernel_bounds(problem)
         counts = np.empty(problem.num_prompts, dtype=np.int64)
         linear_solve(problem.rates, lo, hi, uniform, problem.offset, problem.spare_budget,
-                     float(hint), float(hint_slope), counts)
+                     float(hint), float(hint_slope), int(hint_active), counts)
         return counts
     objective = PointLevels.from_problem(problem, hint=hint)
     from .separable import _solve
@@ -190,8 +192,7 @@ def allocate_batch(p, budget, lo, hi, offset: int, continuous: bool):
         continuous)
     if zeros or infs or bad:
         return None
-    problem = AllocationProblem._validated(view, budget, lo, hi, offset, capped)
-    problem._cache_rates(rates, 0, 0)
+    problem = AllocationProblem._validated(view, budget, lo, hi, offset, capped, rates)
     return Allocation._trusted(problem, counts, solver=WaterlineSolver.name,
                                wall_time=time.perf_counter() - start,
                                objective=PointLevels.from_problem(problem),
@@ -232,9 +233,11 @@ class WaterlineSolver(Solver):
         if fused is not None:
             counts, relaxed, level = fused
         else:
-            relaxed, level, slope = _relax(problem) if continuous else (None, None, 0.0)
+            relaxed, level, slope, active = (_relax(problem) if continuous
+                                             else (None, None, 0.0, 0))
             # The integer threshold lies just below the relaxation's level.
-            counts = integer_waterline(problem, math.nan if level is None else level, slope)
+            counts = integer_waterline(problem, math.nan if level is None else level, slope,
+                                       active)
         elapsed = time.perf_counter() - start
         return Allocation._trusted(problem, counts, solver=self.name, wall_time=elapsed,
                                    objective=PointLevels.from_problem(problem),
