@@ -39,15 +39,21 @@ def test_targets_are_judged_from_the_rows():
     rows = [row("solver", "waterline", 10**6, 0.040, 0.010, 0.005),   # 4x sort, 8x log1p
             row("policy", "sera", 1024, 60e-6, 1e-5, 1e-5),           # 60 us at 1024
             row("policy", "hora", 10**6, 0.2, 0.010, 0.005),          # 20x sort
-            row("policy", "vip", 10**6, 0.05, 0.010, 0.005)]
+            row("policy", "vip", 10**6, 0.05, 0.010, 0.005),
+            row("policy", "sera-fair", 10**6, 0.05, 0.010, 0.005),
+            row("policy", "sera-fair:alpha=2", 10**6, 0.12, 0.010, 0.005),
+            row("policy", "sera-bayes", 10**6, 0.2, 0.010, 0.005)]
     met = solvers.targets(rows)
     assert met["sera_vs_sort"] == {"value": 4.0, "met": True}
     assert met["sera_vs_log1p"]["met"] is True and met["sera_vs_log1p"]["value"] == 8.0
     assert met["sera_1024_s"]["met"] is False
     assert met["hora_vs_sort"]["met"] is False and met["vip_vs_sort"]["met"] is True
     assert "uniform_vs_sort" not in met
+    # The default policy and its family arms have the peers' target; sera-bayes has none.
+    assert met["sera-fair_vs_sort"]["met"] is True and met["sera-fair:alpha=2_vs_sort"]["met"] is False
+    assert "sera-bayes_vs_sort" not in met and "sera_vs_sort" in met
     text = solvers._summary(rows, met, {"avx2": True})
-    assert "NOT met" in text and "M = 1,000,000" in text
+    assert "NOT met" in text and "M = 1,000,000" in text and "(goal 50 us)" in text
 
 
 def test_cpu_info_reads_the_flags():
