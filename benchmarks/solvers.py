@@ -152,12 +152,7 @@ def _has_peer_target(label: str) -> bool:
     from sera_opt.policies import POLICIES
 
     name = label.partition(":")[0]
-    if name == DEFAULT_POLICY:
-        return True
-    try:
-        return POLICIES.lookup(name).__module__ == "sera_opt.policies.peers"
-    except Exception:  # not a registered policy
-        return False
+    return name == DEFAULT_POLICY or POLICIES.lookup(name).__module__ == "sera_opt.policies.peers"
 
 
 def instance(m: int, rng: np.random.Generator) -> np.ndarray:

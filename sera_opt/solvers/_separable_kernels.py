@@ -42,7 +42,7 @@ import math
 import numpy as np
 from numba import njit
 
-from ._waterline_kernels import take_beyond
+from ._waterline_kernels import split_mantissas, take_beyond
 
 # (SERA's own levels a_i (n - c) run on the waterline kernels, _waterline_kernels.py.)
 BETA_LEVELS = 1  # max-min of -log E[(1 - p)^(n - c)], Beta      (sera-bayes)
@@ -203,13 +203,11 @@ def _approx_logs(vals, n, scratch):
     ``log x = e log 2 + log m`` with ``x = m 2^e``, ``m`` in ``[1/sqrt 2, sqrt 2)``, and
     ``log m = 2 atanh t``, ``t = (m - 1) / (m + 1)``, ``|t| < 0.172``, to the ``t^9``
     term (the rest is below ``2 t^11 / (11 (1 - t^2)) < 1e-9``). The exponent and the
-    mantissa come from the float's bits, so the loops hold no call and vectorize.
+    mantissa come from the float's bits (:func:`~._waterline_kernels.split_mantissas`, shared
+    with the rates pass, whose log is full precision), so the loops hold no call and
+    vectorize.
     """
-    bits = vals.view(np.int64)
-    for j in range(n):
-        b = bits[j]
-        scratch[j] = float(((b >> 52) & 0x7FF) - 1023)
-        bits[j] = (b & 0x000FFFFFFFFFFFFF) | 0x3FF0000000000000
+    split_mantissas(vals, scratch, n)
     for j in range(n):
         mant = vals[j]
         e = scratch[j]

@@ -98,6 +98,18 @@ def _block_logs(w, e, n):
         w[j] = k * _LN2_HI - ((half_sq - (sv * (half_sq + r) + k * _LN2_LO)) - f)
 
 
+@njit(cache=True, inline="always", error_model="numpy")
+def split_mantissas(vals, exps, n):
+    """``vals[:n] = m`` and ``exps[:n] = e`` (floats) with ``vals = m 2^e``, ``m`` in ``[1, 2)``,
+    for positive normal floats, read from the float's bits (no call, so the loop
+    vectorizes); other inputs give some pair."""
+    bits = vals.view(np.int64)
+    for j in range(n):
+        b = bits[j]
+        bits[j] = (b & 0x000FFFFFFFFFFFFF) | 0x3FF0000000000000
+        exps[j] = ((b >> 52) & 0x7FF) - 1023
+
+
 @njit(cache=True, error_model="numpy")
 def rates_from_probs(p, out):
     """``out = -log(1 - p)`` (Goldberg's form of ``log1p``: ``p log(w) / (w - 1)`` with
@@ -121,7 +133,6 @@ def _rates_pass(p, out, extremes):
     n = p.shape[0]
     logs = np.empty(_RATE_BLOCK, dtype=np.float64)
     exps = np.empty(_RATE_BLOCK, dtype=np.float64)
-    bits = logs.view(np.int64)
     zeros = 0
     infs = 0
     bad = 0
@@ -142,10 +153,7 @@ def _rates_pass(p, out, extremes):
             w = 1.0 - x
             infs += w == 0.0
             logs[t] = w
-        for t in range(size):
-            b = bits[t]
-            bits[t] = (b & 0x000FFFFFFFFFFFFF) | 0x3FF0000000000000
-            exps[t] = ((b >> 52) & 0x7FF) - 1023
+        split_mantissas(logs, exps, size)
         _block_logs(logs, exps, size)
         for t in range(size):
             x = x_blk[t]

@@ -86,8 +86,8 @@ def _relax(problem: AllocationProblem) -> tuple[np.ndarray, float, float, int]:
         lo_t = np.ascontiguousarray(lo[idx])
         out = np.empty(lo_t.shape[0], dtype=np.float64)
         level, _, _ = linear_relax(np.ascontiguousarray(rates[idx]), lo_t,
-                                np.ascontiguousarray(problem.max_rollouts[idx]), False, c,
-                                float(take), out)
+                                   np.ascontiguousarray(problem.max_rollouts[idx]), False, c,
+                                   float(take), out)
         return level, out - lo_t
 
     def lowest_level():
