@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._estimator_hashing import HashedSlots, hashed_codes
+from ._estimator_hashing import HashedSlots, hashed_codes, kernel_histogram
 from .exceptions import SeraOptError
 
 # Ids spanning at most this many values per rollout use a dense table indexed
@@ -384,7 +384,10 @@ def group(rewards, prompt_index, *, success_threshold=None, num_prompts=None,
         else:
             codes = prompt_index.to(index_dtype, copy=True)
         torch.add(success, codes, alpha=2, out=codes)
-    table = _histogram(codes, 2 * num_slots)
+    if isinstance(slot_ids, HashedSlots) and slot_ids.backend == "numba":
+        table = kernel_histogram(codes, 2 * num_slots)
+    else:
+        table = _histogram(codes, 2 * num_slots)
     if dist is not None:
         dist.all_reduce(table, group=process_group)
     return _Groups(codes=codes, table=table, num_slots=num_slots, slot_offset=offset,

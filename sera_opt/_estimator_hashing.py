@@ -76,9 +76,20 @@ def table_bits(count: int, per_slot: float) -> int:
 @dataclass(frozen=True)
 class _Round:
     table: torch.Tensor  # (T,) int64: z | rank where occupied, -1 elsewhere
-    occupied: torch.Tensor  # (T,) bool
+    won: int  # occupied buckets
     bits: int
     round_index: int
+
+    @property
+    def occupied(self) -> torch.Tensor:
+        """Which buckets are occupied, (T,) bool: those whose entry is not -1.
+
+        An occupied entry ``z | rank`` is -1 only if its rank is ``T - 1``, that
+        is when every bucket is occupied, so the entries alone tell, with the count.
+        """
+        if self.won == self.table.numel():
+            return torch.ones(self.table.shape, dtype=torch.bool, device=self.table.device)
+        return self.table != -1
 
 
 @dataclass(frozen=True)
@@ -88,6 +99,7 @@ class HashedSlots:
     num_slots: int
     rounds: tuple[_Round, ...]
     rest: torch.Tensor | None  # ids numbered by torch.unique after the last round
+    backend: str = "torch"  # which backend ran the rounds
 
     def slot_ids(self, device=None) -> torch.Tensor:
         """The id of every slot, shape (num_slots,), in slot order."""
@@ -97,6 +109,21 @@ class HashedSlots:
         if not parts:
             return torch.zeros(0, dtype=torch.int64, device=device)
         return torch.cat([part.to(device) for part in parts] if device is not None else parts)
+
+
+def kernel_histogram(codes: torch.Tensor, length: int) -> torch.Tensor:
+    """``torch.bincount(codes, minlength=length)`` for the codes the numba rounds wrote.
+
+    Failures and successes per slot side by side, int64: the same table, in one
+    pass over the codes where ``bincount`` takes two (the first for their minimum
+    and maximum, which the rounds already bound).
+    """
+    from . import _jit
+
+    kernels = _jit.kernels("sera_opt._estimator_hashing_kernels")
+    table = torch.zeros(1 << max(0, length - 1).bit_length(), dtype=torch.int64)
+    kernels.histogram(codes.numpy(), table.numpy())
+    return table[:length]
 
 
 def _round_ids(r: _Round) -> torch.Tensor:
@@ -145,7 +172,7 @@ def _torch_round(ids, success, rows, bits, round_index, first_slot, codes, carry
     any_lost, won = (int(v) for v in
                      torch.cat([lost.view(torch.uint8).amax().reshape(1).long(), winners]).tolist())
     positions = torch.nonzero(lost).squeeze(1) if any_lost else lost.new_zeros(0, dtype=torch.int64)
-    return positions, won, _Round(table, occupied, bits, round_index), None
+    return positions, won, _Round(table, won, bits, round_index), None
 
 
 def _numba_round(ids, success, rows, bits, round_index, first_slot, codes, carry=None):
@@ -166,15 +193,17 @@ def _numba_round(ids, success, rows, bits, round_index, first_slot, codes, carry
     rows_np = rows.numpy() if subset else np.zeros(0, dtype=np.int64)
     if carry is None:
         ids_np, success_np = ids.numpy(), success.view(torch.uint8).numpy()
-        if subset:
-            ids_np, success_np = ids_np[rows_np], success_np[rows_np]
+        if subset:  # one pass for both (numpy's fancy indexing takes two, and slower)
+            every_id, every_success = ids_np, success_np
+            ids_np = np.empty(rows_np.shape[0], dtype=np.int64)
+            success_np = np.empty(rows_np.shape[0], dtype=np.uint8)
+            kernels.take_rows(every_id, every_success, rows_np, ids_np, success_np)
     else:
         ids_np, success_np = carry
     count = ids_np.shape[0]
     table = np.full(1 << bits, -1, dtype=np.int64)
-    occupied = np.empty(1 << bits, dtype=np.bool_)
     kernels.scatter_round(ids_np, multiplier, bits, table)
-    won = kernels.rank_round(table, bits, occupied)
+    won = int(kernels.rank_round(table, bits))
     found = np.empty(count, dtype=np.int64)
     kernels.gather_round(ids_np, multiplier, bits, table, found)
     # The first round's losers are read back through their indices by the next round (a
@@ -183,8 +212,8 @@ def _numba_round(ids, success, rows, bits, round_index, first_slot, codes, carry
     # memory per call comes back as page faults. Later rounds are small and keep them.
     lost_ids = np.empty(count if subset else 0, dtype=np.int64)
     lost_success = np.empty(count if subset else 0, dtype=np.uint8)
-    num_lost = kernels.finish_round(ids_np, success_np, rows_np, subset, multiplier, bits,
-                                    found, first_slot, codes.numpy(), lost_ids, lost_success)
+    num_lost = kernels.finish_round(ids_np, success_np, rows_np, subset, bits, found,
+                                    first_slot, codes.numpy(), lost_ids, lost_success)
     # The losers are the fronts of these arrays; copied out only when few, so that the
     # next round does not keep the whole arrays alive.
     positions = found[:num_lost]
@@ -192,8 +221,8 @@ def _numba_round(ids, success, rows, bits, round_index, first_slot, codes, carry
     if 8 * num_lost < count:
         positions = positions.copy()
         carry = carry and (carry[0].copy(), carry[1].copy())
-    r = _Round(torch.from_numpy(table), torch.from_numpy(occupied), bits, round_index)
-    return torch.from_numpy(positions), int(won), r, carry
+    r = _Round(torch.from_numpy(table), won, bits, round_index)
+    return torch.from_numpy(positions), won, r, carry
 
 
 def _numba_available() -> bool:
@@ -244,4 +273,4 @@ def hashed_codes(ids: torch.Tensor, success: torch.Tensor, codes: torch.Tensor, 
         codes.index_copy_(0, rows, torch.add(success.index_select(0, rows), inverse,
                                              alpha=2).to(codes.dtype))
         num_slots += rest.numel()
-    return HashedSlots(num_slots, tuple(rounds), rest)
+    return HashedSlots(num_slots, tuple(rounds), rest, backend)

@@ -267,6 +267,39 @@ def test_hashing_backends_write_the_same_codes(kind):
 
 
 @pytest.mark.parametrize("backend", ["numba", "torch"])
+def test_a_full_table_names_its_slots(backend):
+    """Every bucket of a table occupied, the last one's entry -1 (its id hashes to all
+    ones, its rank is T - 1): the slots are still named right, in one round."""
+    bits, mask = hashing._MIN_BITS, (1 << 64) - 1
+    inverse = hashing._INVERSES[0] & mask
+    top = [(b << (64 - bits)) | 12345 for b in range(2**bits - 1)] + [mask]
+    pool = [hashing._signed(y * inverse & mask) for y in top]
+    ids = torch.tensor(pool * 3)
+    success = torch.arange(ids.numel()) % 2 == 0
+    codes = torch.empty(ids.numel(), dtype=torch.int64)
+    slots = hashing.hashed_codes(ids, success, codes, backend=backend)
+    assert len(slots.rounds) == 1 and slots.rounds[0].bits == bits
+    table = slots.rounds[0].table
+    assert slots.num_slots == table.numel() and int(table[-1]) == -1
+    names = slots.slot_ids()
+    assert torch.equal(torch.sort(names).values, torch.sort(torch.tensor(pool)).values)
+    assert torch.equal(names[codes >> 1], ids) and torch.equal((codes & 1).bool(), success)
+
+
+@pytest.mark.parametrize("length", [2, 64, 65, 1000])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_the_kernel_histogram_is_bincount(length, dtype):
+    """The numba histogram of the hashed codes gives torch.bincount's table (a power of
+    two long inside, cut to length), with empty and full bins."""
+    g = torch.Generator().manual_seed(length)
+    codes = torch.randint(0, length // 2 + 1, (5000,), generator=g, dtype=dtype)
+    codes[:3] = torch.tensor([0, length - 1, length - 1])
+    got = hashing.kernel_histogram(codes, length)
+    assert got.dtype == torch.int64 and got.shape == (length,)
+    assert torch.equal(got, torch.bincount(codes, minlength=length))
+
+
+@pytest.mark.parametrize("backend", ["numba", "torch"])
 @pytest.mark.parametrize("max_rounds", [1, 2])
 def test_ids_left_after_the_last_round_are_numbered_exactly(backend, max_rounds):
     """Ids that collide in every round allowed are numbered by torch.unique, still exactly."""
