@@ -57,6 +57,7 @@ __all__ = [
     "paired_difference",
     "paired_difference_at",
     "mean_interval",
+    "median_interval",
     "format_interval",
     "paired_table",
     "plot_paired",
@@ -558,6 +559,38 @@ def mean_interval(values, *, confidence: float = 0.95, unit: str = "seed") -> di
     out = _t_interval(values, confidence, unit)
     for key in ("statistic", "p_value"):
         out.pop(key)
+    return out
+
+
+def median_interval(values, *, confidence: float = 0.95) -> dict[str, Any]:
+    """Median of ``values`` with a distribution-free ``confidence`` interval for it.
+
+    The interval runs from the k-th smallest to the k-th largest value, with k
+    the largest order for which ``P(Binomial(n, 1/2) < k) <= (1 - confidence) / 2``:
+    its coverage is at least ``confidence`` for independent draws of any
+    continuous distribution (no normality assumed, unlike a t interval). With
+    too few values for any such pair (fewer than 6 at 95 %) the interval is NaN
+    and ``note`` says so.
+    """
+    from scipy.stats import binom
+
+    x = np.sort(np.asarray(values, dtype=float).ravel())
+    n = x.size
+    if n == 0:
+        raise SeraOptError("a median interval needs at least one value.")
+    if not 0 < confidence < 1:
+        raise SeraOptError(f"confidence must lie in (0, 1), got {confidence!r}.")
+    tail = (1 - confidence) / 2
+    k = 0
+    while k + 1 <= n // 2 and binom.cdf(k, n, 0.5) <= tail:
+        k += 1  # P(Binomial(n, 1/2) <= k - 1) <= tail holds for the new k
+    out = {"median": float(np.median(x)), "n": int(n), "confidence": confidence}
+    if k == 0:
+        out.update(ci_low=float("nan"), ci_high=float("nan"),
+                   note=f"{n} values are too few for a {confidence:.0%} interval of the median")
+    else:
+        out.update(ci_low=float(x[k - 1]), ci_high=float(x[n - k]),
+                   coverage=float(1 - 2 * binom.cdf(k - 1, n, 0.5)))
     return out
 
 

@@ -25,6 +25,11 @@ Method
   report medians over the rounds of both wall time and process CPU time
   (``time.process_time``, which excludes time the process spends descheduled:
   the right measure on a shared machine, with one torch thread by default).
+  Each case's ratio to the baseline is the ratio of the two medians; beside it
+  the median of the rounds' own ratios (a round's time over the baseline's in
+  the same round) is printed with a distribution-free 95 % interval (binomial
+  order statistics), since a slow or fast stretch of the machine moves both
+  members of a round.
   The machine's load average at the start and end is recorded with the results.
 * First call: the sparse path on CPU uses numba kernels, compiled on first use
   and cached on disk; the wall time of the very first sparse call in the
@@ -159,6 +164,10 @@ def _time_rounds(cases, rounds, show, sync=_no_sync):
 
 
 def _summarise(wall, cpu, faults, baseline):
+    """Per case: medians, their ratio to the baseline's (the judged ratio), and the median
+    of the rounds' own ratios (each round's time over the baseline's in that round) with
+    a distribution-free 95 % interval: a slow or fast stretch of the machine moves both
+    members of a round, so the paired ratio is the steadier of the two."""
     base_wall, base_cpu = np.median(wall[baseline]), np.median(cpu[baseline])
     rows = {}
     for name in wall:
@@ -169,6 +178,10 @@ def _summarise(wall, cpu, faults, baseline):
             "wall_ratio": w / base_wall, "cpu_ratio": c / base_cpu,
             "page_faults_per_call": float(np.median(faults[name])),
         }
+        for measure, times in (("wall", wall), ("cpu", cpu)):
+            paired = _harness.median_interval(np.asarray(times[name]) / np.asarray(times[baseline]))
+            rows[name][f"{measure}_paired_ratio"] = paired["median"]
+            rows[name][f"{measure}_paired_ratio_ci95"] = [paired["ci_low"], paired["ci_high"]]
     return rows
 
 
@@ -379,7 +392,7 @@ def main(argv=None) -> int:
           f"{args.threads} thread(s), {rounds} rounds; medians, ratios to the baseline "
           f"(targets on CPU: dense 3x, sparse 5x)")
     header = f"{'case':44s} {'CPU ms':>8s} {'ratio':>6s} {'wall ms':>8s} {'ratio':>6s} " \
-             f"{'faults':>7s} {'peak MB':>8s}"
+             f"{'faults':>7s} {'peak MB':>8s}  {measure} paired ratio [95 % CI]"
     for label, rows in (("default allocator", default_alloc),
                         ("freed memory retained", retain_alloc)):
         if rows is None:
@@ -387,9 +400,11 @@ def main(argv=None) -> int:
             continue
         print(f"\n{label}\n{header}")
         for name, row in rows.items():
+            low, high = row[f"{measure}_paired_ratio_ci95"]
             print(f"{name:44s} {row['cpu_median_s'] * 1e3:8.2f} {row['cpu_ratio']:6.2f} "
                   f"{row['wall_median_s'] * 1e3:8.2f} {row['wall_ratio']:6.2f} "
-                  f"{row['page_faults_per_call']:7.0f} {memory[name] / 1e6:8.2f}")
+                  f"{row['page_faults_per_call']:7.0f} {memory[name] / 1e6:8.2f}  "
+                  f"{row[f'{measure}_paired_ratio']:.2f} [{low:.2f}, {high:.2f}]")
     print(f"\nfirst sparse call in the process (numba loaded, kernels compiled or cached): "
           f"{first_call:.2f} s wall; sparse path: {payload['sparse_backend']}")
     print("\nsweep (" + ("freed memory retained" if retained else "default allocator")

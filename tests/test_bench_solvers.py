@@ -76,3 +76,35 @@ def test_median_time_counts_repeats():
     calls = []
     out = _harness.median_time(lambda: calls.append(1), repeats=4, warmup=2)
     assert len(calls) == 6 and out["repeats"] == 4 and out["median"] >= 0
+
+
+def test_median_interval_takes_the_binomial_order_statistics():
+    from scipy.stats import binom
+
+    for n in (6, 7, 20, 41, 101):
+        x = np.arange(n, dtype=float)[::-1]  # any order: the interval sorts
+        out = _harness.median_interval(x)
+        low, high = int(out["ci_low"]), int(out["ci_high"])
+        k = low + 1  # the k-th smallest
+        assert high == n - k and out["median"] == np.median(x)
+        # k reaches 95 % coverage and k + 1 would not.
+        assert 1 - 2 * binom.cdf(k - 1, n, 0.5) >= 0.95 > 1 - 2 * binom.cdf(k, n, 0.5)
+        assert out["coverage"] == 1 - 2 * binom.cdf(k - 1, n, 0.5)
+    assert (int(_harness.median_interval(np.arange(41.0))["ci_low"]),
+            int(_harness.median_interval(np.arange(41.0))["ci_high"])) == (13, 27)
+
+
+def test_median_interval_covers_the_median_and_says_when_it_cannot():
+    rng = np.random.default_rng(0)
+    draws = rng.exponential(size=(2000, 41))  # median log 2
+    covered = [(o["ci_low"] <= np.log(2) <= o["ci_high"])
+               for o in map(_harness.median_interval, draws)]
+    assert np.mean(covered) >= 0.94  # nominal coverage 0.956 at n = 41
+    small = _harness.median_interval([3.0, 1.0, 2.0, 5.0, 4.0])
+    assert small["median"] == 3.0 and np.isnan(small["ci_low"]) and "too few" in small["note"]
+    import pytest
+
+    from sera_opt import SeraOptError
+
+    with pytest.raises(SeraOptError):
+        _harness.median_interval([])
