@@ -32,6 +32,8 @@ _FNV_PRIME = np.uint64(0x100000001B3)
 _S30 = np.uint64(30)
 _S27 = np.uint64(27)
 _S31 = np.uint64(31)
+_U1 = np.uint64(1)
+_U2 = np.uint64(2)
 # Ids handled per block by the lookups (see str_lookup).
 _BLOCK = 256
 
@@ -55,40 +57,41 @@ def int_hash_lookup(table, ids, out):
     """
     mask = np.uint64((table.size >> 1) - 1)
     n = ids.size
-    start = np.empty(_BLOCK, dtype=np.int64)
+    # Unsigned positions: numba then emits no test-and-fix for negative indices.
+    start = np.empty(_BLOCK, dtype=np.uint64)
     missing = 0
     touch = np.int64(0)
     for b0 in range(0, n, _BLOCK):
         b1 = min(n, b0 + _BLOCK)
         for j in range(b0, b1):
-            h = np.int64(_mix64(np.uint64(ids[j])) & mask)
+            h = _mix64(np.uint64(ids[j])) & mask
             start[j - b0] = h
-            touch ^= table[2 * h + 1]
+            touch ^= table[_U2 * h + _U1]
         for j in range(b0, b1):
             key = ids[j]
             h = start[j - b0]
             while True:
-                slot = table[2 * h + 1]
+                slot = table[_U2 * h + _U1]
                 if slot < 0:
                     out[j] = -1
                     missing += 1
                     break
-                if table[2 * h] == key:
+                if table[_U2 * h] == key:
                     out[j] = slot
                     break
-                h = np.int64((np.uint64(h) + np.uint64(1)) & mask)
+                h = (h + _U1) & mask
     return missing, touch
 
 
 @njit(cache=True, inline="always")
 def _int_hash_put(table, mask, key, slot):
-    h = np.int64(_mix64(np.uint64(key)) & mask)
-    while table[2 * h + 1] >= 0:
-        if table[2 * h] == key:
-            return table[2 * h + 1]
-        h = np.int64((np.uint64(h) + np.uint64(1)) & mask)
-    table[2 * h] = key
-    table[2 * h + 1] = slot
+    h = _mix64(np.uint64(key)) & mask
+    while table[_U2 * h + _U1] >= 0:
+        if table[_U2 * h] == key:
+            return table[_U2 * h + _U1]
+        h = (h + _U1) & mask
+    table[_U2 * h] = key
+    table[_U2 * h + _U1] = slot
     return slot
 
 
@@ -144,7 +147,7 @@ def direct_lookup(table, ids, out):
             lo = key
         if j == 0 or key > hi:
             hi = key
-        slot = table[key] if 0 <= key < n else -1
+        slot = table[np.uint64(key)] if 0 <= key < n else -1
         out[j] = slot
         if slot < 0:
             missing += 1
@@ -544,7 +547,7 @@ def update_evidence(slots, wins, t, size, rows, touched, decay, decay_one, power
     touched_count = 0
     for j in range(slots.size):
         slot = slots[j]
-        row = rows[slot]
+        row = rows[np.uint64(slot)]
         if row.last_step != t:
             s = row.successes
             f = row.failures
@@ -579,7 +582,7 @@ def update_evidence(slots, wins, t, size, rows, touched, decay, decay_one, power
     phi = 1.0 if decay_one else _frame(powers, t, base)
     for q in range(size if scan else touched_count):
         slot = q if scan else touched[q]
-        row = rows[slot]
+        row = rows[np.uint64(slot)]
         if scan and row.last_step != t:
             continue
         trials = row.scratch >> 32
@@ -791,7 +794,7 @@ def read_evidence(slots, t, rows, decay_one, powers, complete, out_s, out_f):
             out_s[j] = 0.0
             out_f[j] = 0.0
         else:
-            row = rows[slot]
+            row = rows[np.uint64(slot)]
             if decay_one:
                 out_s[j] = row.successes
                 out_f[j] = row.failures
@@ -811,7 +814,7 @@ def posterior_means(slots, t, rows, decay_one, powers, complete, alpha0, beta0, 
             s = 0.0
             f = 0.0
         else:
-            row = rows[slot]
+            row = rows[np.uint64(slot)]
             if decay_one:
                 s = row.successes
                 f = row.failures
