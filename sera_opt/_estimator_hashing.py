@@ -32,9 +32,9 @@ negative, int64 extremes, or chosen to collide.
 The rounds run as torch ops on any device (no host loop; one read-back per
 round for the number of losers), or, for CPU tensors, as the fused numba
 kernels of :mod:`._estimator_hashing_kernels`, about twice as fast because
-they need one full-size temporary where torch ops need several. Both compute the same rounds, so on CPU
-with one thread (where torch's scatter lets the last writer win, like the
-kernel) they give the same codes, bit for bit.
+they need one full-size temporary where torch ops need several. Both compute
+the same rounds, so on CPU with one thread (where torch's scatter lets the
+last writer win, like the kernel) they give the same codes, bit for bit.
 
 Slots are numbered in the order the rounds find them, not by id; the ids of
 the slots are recovered from the tables on request (the inverse multiplier
