@@ -12,6 +12,12 @@ imported by the functions that need them.
 from importlib import import_module as _import_module
 
 from .api import allocate, waterline
+from ._kernel_cache import (
+    KernelCacheInfo,
+    clear_kernel_cache,
+    kernel_cache_info,
+    set_kernel_cache_dir,
+)
 from .exceptions import (
     InfeasibleBudgetError,
     MissingDependencyError,

@@ -16,7 +16,7 @@ the random accesses of consecutive rollouts overlap.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from ._jit import njit
 
 
 @njit(cache=True, nogil=True)

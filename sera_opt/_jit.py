@@ -1,8 +1,10 @@
-"""Saying so when the compiled kernels are built, instead of going quiet for seconds.
+"""Compiling the kernels: where their cache lives, and saying so when they are built.
 
-The numba kernels are compiled on first use and cached on disk (``cache=True``):
-the first call after installing takes several seconds, every later process
-loads them in a fraction of one. :func:`announce_compilation` prints one line on
+The numba kernels are compiled on first use and cached on disk: the first call
+after installing takes several seconds, every later process loads them in a
+fraction of one. Every kernel module compiles with :func:`njit` (numba's, with
+the cache in the key-named directory of :mod:`sera_opt._kernel_cache`, outside
+the installed package). :func:`announce_compilation` prints one line on
 standard error, once per process, when a kernel module is about to be compiled;
 :func:`kernels` imports a kernel module on first use (so that ``import sera_opt``
 does not load numba) and announces each kernel the first time it is looked up.
@@ -10,18 +12,55 @@ does not load numba) and announces each kernel the first time it is looked up.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
+import threading
 from types import ModuleType
 
-__all__ = ["announce_compilation", "kernels"]
+from . import _kernel_cache
+
+__all__ = ["announce_compilation", "kernels", "njit"]
 
 _CHECKED: set[tuple[str, ...]] = set()
 _LOADED: dict[str, _Kernels] = {}
 _ANNOUNCED = False
-MESSAGE = ("sera_opt: compiling the solver (once per installation; later runs load it "
-           "from numba's cache) ...")
+MESSAGE = ("sera_opt: compiling the solver (once per version; later runs load it "
+           "from the kernel cache, `sera-opt cache` says where) ...")
+_DECORATING = threading.Lock()
+
+
+@contextlib.contextmanager
+def _numba_cache_dir(directory: str):
+    """numba's cache directory set to ``directory`` while a kernel is decorated: numba
+    fixes a kernel's cache location when ``cache=True`` is applied, so the setting is
+    restored at once and other numba users in the process are not affected."""
+    from numba.core import config
+
+    with _DECORATING:
+        previous = config.CACHE_DIR
+        config.CACHE_DIR = directory
+        try:
+            yield
+        finally:
+            config.CACHE_DIR = previous
+
+
+def njit(function=None, **options):
+    """``numba.njit``, with ``cache=True`` meaning the kernel cache of
+    :mod:`sera_opt._kernel_cache` (outside the installed package), or no disk cache
+    at all when that directory cannot be written."""
+    if function is None:
+        return lambda f: njit(f, **options)
+    import numba
+
+    if options.pop("cache", False):
+        directory = _kernel_cache.directory_for_compiling()
+        if directory is not None:
+            with _numba_cache_dir(str(directory)):
+                return numba.njit(cache=True, **options)(function)
+    return numba.njit(**options)(function)
 
 
 def _is_cached(dispatcher) -> bool:

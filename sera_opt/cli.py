@@ -3,6 +3,8 @@
 ``sera-opt allocate``  allocate a budget over prompts read from CSV, JSON, .npy or stdin
 ``sera-opt bench NAME``  run a benchmark or experiment (solvers, estimator, alignment, ...)
 ``sera-opt demo``  the quick alignment comparison on scikit-learn's digits
+``sera-opt cache [info|clear]``  where the compiled kernels are cached, whether they are there; remove them
+``sera-opt --version``  the versions, and where the kernel cache is
 
 Exit status: 0 on success; 2 when the command line or the input is wrong, with one line
 on stderr that says what to fix; 1 when sera_opt fails in a way it did not foresee (one
@@ -645,6 +647,55 @@ class _Once(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
+class _Version(argparse.Action):
+    """``--version``: the versions and the kernel cache's place and state, then exit 0."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                 help="print the versions and where the compiled kernels are cached, then exit"):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(_version_text())
+        parser.exit(0)
+
+
+def _version_text() -> str:
+    import platform
+    from importlib import metadata
+
+    from . import __version__, _kernel_cache
+
+    def version(name):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    return (f"sera_opt {__version__} (Python {platform.python_version()}, numpy "
+            f"{version('numpy')}, numba {version('numba')}, torch {version('torch')})\n"
+            f"{_kernel_cache.kernel_cache_info().summary()}")
+
+
+def _cmd_cache(args) -> int:
+    from . import _kernel_cache
+
+    if args.action == "clear":
+        removed, freed = _kernel_cache.clear_kernel_cache()
+        base = _kernel_cache.kernel_cache_dir().parent
+        print(f"removed {len(removed)} kernel cache entr{'y' if len(removed) == 1 else 'ies'} "
+              f"({freed / 2**20:.1f} MiB) under {base}" if removed
+              else f"nothing to remove: no kernel cache under {base}")
+        return 0
+    info = _kernel_cache.kernel_cache_info()
+    print(info.summary())
+    print(f"key: {info.key} (sera_opt version, numba version, hash of the kernel sources)")
+    for name, count in info.cached.items():
+        print(f"  {name}: {count} kernel{'' if count == 1 else 's'} cached")
+    print("a kernel not cached compiles on its first call (seconds) and is cached for every "
+          "later process; `sera-opt cache clear` removes the cache")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``sera-opt`` argument parser (its errors are one line, exit status 2)."""
     parser = _Parser(
@@ -654,6 +705,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--traceback", action="store_true",
                         help="on an unexpected failure, print the Python traceback")
+    parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser(
@@ -700,6 +752,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("demo", help="quick alignment comparison on scikit-learn's digits",
                    add_help=False)
+
+    c = sub.add_parser(
+        "cache", help="where the compiled kernels are cached and whether they are there; "
+                      "`cache clear` removes them",
+        description="The numba kernels are compiled once and cached outside the installed "
+                    "package, under a key of the sera_opt version, the numba version and a "
+                    "hash of the kernel sources. SERA_OPT_CACHE_DIR (or NUMBA_CACHE_DIR) moves "
+                    "the cache.")
+    c.add_argument("action", nargs="?", choices=("info", "clear"), default="info",
+                   help="info (default): the directory, its key and what it holds; clear: "
+                        "remove every sera_opt kernel cache under its base directory")
     return parser
 
 
@@ -742,6 +805,10 @@ def main(argv=None) -> int:
             return _cmd_allocate(args)
         if args.command == "bench":
             return _cmd_bench(args, rest)
+        if args.command == "cache":
+            if rest:
+                parser.error(f"unrecognized arguments: {' '.join(rest)}")
+            return _cmd_cache(args)
         return _cmd_demo(args, rest)
     except SystemExit as exc:  # an argument error, or a benchmark's own parser
         return _exit_status(exc)

@@ -579,7 +579,7 @@ def test_the_milp_solver_prints_no_banner_into_the_callers_output():
 def test_a_first_compilation_is_announced_once_and_a_cached_run_is_quiet(tmp_path, code):
     from sera_opt._jit import MESSAGE
 
-    env = {"NUMBA_CACHE_DIR": str(tmp_path / "numba-cache")}
+    env = {"NUMBA_CACHE_DIR": str(tmp_path / "numba-cache"), "SERA_OPT_CACHE_DIR": ""}
     first = _run(code, env)
     assert first.stderr.count(MESSAGE) == 1, first.stderr
     second = _run(code, env)

@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+from .._jit import njit
 
 from ._waterline_kernels import split_mantissas, take_beyond
 

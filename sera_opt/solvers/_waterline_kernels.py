@@ -23,7 +23,7 @@ import math
 from decimal import Decimal, localcontext
 
 import numpy as np
-from numba import njit
+from .._jit import njit
 
 # Stop narrowing the integer bracket once it holds this many pre-levels (or
 # M / 16): selecting among them directly is cheaper than more passes.

@@ -1,0 +1,303 @@
+"""Where the compiled kernels are cached on disk, and the key that keeps that cache honest.
+
+numba's ``cache=True`` writes next to the source by default, into the installed
+package's ``__pycache__``. That has two faults for a library: pip does not know
+those files, so an uninstall leaves a ``site-packages/sera_opt/`` directory
+behind that shadows a later (editable) install, and numba checks only the
+timestamp of the file that defines a kernel, so a kernel that calls one in
+another file can be served stale after an upgrade (numba issue 1833). A
+read-only install (system site-packages, a container image) cannot be written
+at all.
+
+So the kernels are cached in a directory of their own, outside the package:
+
+``<base>/<key>``, where ``<key>`` is ``<sera_opt version>-numba<numba version>-<hash>``
+and ``<hash>`` is a SHA-256 over every kernel module's source (the modules that
+compile with :func:`sera_opt._jit.njit`; they import nothing but each other,
+numpy and the standard library, so their sources are all that is compiled in).
+An edit to any kernel file, a new release or a new numba gives a new, empty
+directory; nothing stale is ever loaded.
+
+``<base>`` is, in order of precedence:
+
+1. the directory given to :func:`set_kernel_cache_dir` (before the first kernel
+   is used);
+2. the environment variable ``SERA_OPT_CACHE_DIR``;
+3. ``$NUMBA_CACHE_DIR/sera_opt`` when numba's own setting is given;
+4. the per-user cache directory: ``$XDG_CACHE_HOME/sera_opt`` or
+   ``~/.cache/sera_opt`` on Linux, ``~/Library/Caches/sera_opt`` on macOS,
+   ``%LOCALAPPDATA%\\sera_opt\\Cache`` on Windows.
+
+If that directory cannot be written, the kernels compile in memory in every
+process, and one line on standard error says so and how to fix it; nothing is
+ever written into the installed package.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from .exceptions import SeraOptError
+
+__all__ = [
+    "KernelCacheInfo",
+    "kernel_cache_info",
+    "kernel_cache_dir",
+    "set_kernel_cache_dir",
+    "clear_kernel_cache",
+    "kernel_sources",
+    "cache_key",
+]
+
+ENV_VAR = "SERA_OPT_CACHE_DIR"
+PACKAGE_ROOT = Path(__file__).resolve().parent
+# The line by which a kernel module says it compiles with sera_opt's njit; the
+# source hash covers exactly the modules that carry it.
+_KERNEL_MARKER = re.compile(rb"^from \.+_jit import njit\b", re.MULTILINE)
+_KEY_PATTERN = re.compile(r"^[0-9][\w.+!-]*-numba[\w.+!-]+-[0-9a-f]{16}$")
+
+_LOCK = threading.Lock()
+_STATE: dict = {"override": None, "resolved": None, "notice_printed": False, "used": False}
+
+
+def kernel_sources(root: str | os.PathLike | None = None) -> list[Path]:
+    """The kernel modules under the package directory ``root`` (default: this
+    installation), sorted: every ``.py`` file that compiles with sera_opt's njit."""
+    root = PACKAGE_ROOT if root is None else Path(root)
+    found = [path for path in sorted(root.rglob("*.py"))
+             if "__pycache__" not in path.parts and _KERNEL_MARKER.search(path.read_bytes())]
+    if not found:
+        raise SeraOptError(f"no kernel module found under {root}: the installation is incomplete; "
+                           f"reinstall sera_opt.")
+    return found
+
+
+def _source_hash(root: Path) -> str:
+    digest = hashlib.sha256()
+    for path in kernel_sources(root):
+        digest.update(path.relative_to(root).as_posix().encode())
+        digest.update(b"\0")
+        digest.update(path.read_bytes())
+        digest.update(b"\0")
+    return digest.hexdigest()[:16]
+
+
+def _numba_version() -> str:
+    try:
+        return metadata.version("numba")
+    except metadata.PackageNotFoundError:  # numba importable but without metadata
+        import numba
+
+        return numba.__version__
+
+
+def cache_key(root: str | os.PathLike | None = None) -> str:
+    """``<sera_opt version>-numba<numba version>-<hash of the kernel sources under root>``."""
+    from . import __version__
+
+    root = PACKAGE_ROOT if root is None else Path(root)
+    return f"{__version__}-numba{_numba_version()}-{_source_hash(root)}"
+
+
+def _user_cache_base() -> Path:
+    if sys.platform == "win32":
+        local = os.environ.get("LOCALAPPDATA") or str(Path.home() / "AppData" / "Local")
+        return Path(local) / "sera_opt" / "Cache"
+    if sys.platform == "darwin":
+        return Path.home() / "Library" / "Caches" / "sera_opt"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache") / "sera_opt"
+
+
+def _base() -> tuple[Path, str]:
+    """The base directory and what chose it."""
+    if _STATE["override"] is not None:
+        return _STATE["override"], "set_kernel_cache_dir()"
+    if os.environ.get(ENV_VAR):
+        return Path(os.environ[ENV_VAR]).expanduser(), ENV_VAR
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        return Path(os.environ["NUMBA_CACHE_DIR"]).expanduser() / "sera_opt", "NUMBA_CACHE_DIR"
+    try:
+        return _user_cache_base(), "the per-user cache directory"
+    except RuntimeError:  # no home directory to be found
+        return Path(tempfile.gettempdir()) / f"sera_opt-{os.getuid() if hasattr(os, 'getuid') else 'user'}", \
+            "the temporary directory (no home directory)"
+
+
+def kernel_cache_dir() -> Path:
+    """The directory that holds (or will hold) this installation's compiled kernels."""
+    base, _ = _base()
+    return base.absolute() / cache_key()
+
+
+def set_kernel_cache_dir(path: str | os.PathLike | None) -> None:
+    """Cache the compiled kernels under ``path`` (a key-named directory is made
+    inside it), or go back to the default with ``None``.
+
+    It must be called before the first kernel is used in the process (before the
+    first allocation, tracker update or estimator call): kernels already loaded
+    keep the directory they were loaded from. The environment variable
+    ``SERA_OPT_CACHE_DIR`` does the same for every process.
+    """
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        raise SeraOptError(f"set_kernel_cache_dir takes a directory path or None, got "
+                           f"{type(path).__name__}.")
+    if path is not None and not str(path):
+        raise SeraOptError("set_kernel_cache_dir got an empty path; pass a directory, or None "
+                           "for the default.")
+    with _LOCK:
+        if _STATE["used"]:
+            raise SeraOptError(
+                f"the kernels of this process are already loaded from {_STATE['resolved'] or 'memory'}; "
+                f"call set_kernel_cache_dir before the first allocation, tracker update or "
+                f"estimator call, or set {ENV_VAR} in the environment before starting Python.")
+        _STATE["override"] = None if path is None else Path(path).expanduser()
+
+
+def _writable(directory: Path) -> OSError | None:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as exc:
+        return exc
+    return None
+
+
+def _can_write(directory: Path) -> bool:
+    """Whether ``directory`` could be written, without creating it."""
+    existing = directory
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    return existing.is_dir() and os.access(existing, os.W_OK | os.X_OK)
+
+
+def directory_for_compiling() -> Path | None:
+    """The cache directory for the kernels of this process, checked writable once;
+    ``None`` (after a one-line notice on stderr) when it cannot be written."""
+    with _LOCK:
+        if not _STATE["used"]:
+            _STATE["used"] = True
+            directory = kernel_cache_dir()
+            problem = _writable(directory)
+            if problem is None:
+                _STATE["resolved"] = directory
+            elif not _STATE["notice_printed"]:
+                _STATE["notice_printed"] = True
+                reason = problem.strerror or type(problem).__name__
+                print(f"sera_opt: the kernel cache directory {directory} cannot be written "
+                      f"({reason}); the kernels compile in memory in every process. Set "
+                      f"{ENV_VAR} to a writable directory to cache them.",
+                      file=sys.stderr, flush=True)
+        return _STATE["resolved"]
+
+
+@dataclass(frozen=True)
+class KernelCacheInfo:
+    """Where the kernels are cached and what is there.
+
+    Attributes
+    ----------
+    directory : the key-named directory of this installation's kernels.
+    chosen_by : what chose its base (``set_kernel_cache_dir()``, ``SERA_OPT_CACHE_DIR``,
+        ``NUMBA_CACHE_DIR`` or the per-user cache directory).
+    key : ``<sera_opt version>-numba<numba version>-<hash of the kernel sources>``.
+    writable : whether the directory can be written (if not, kernels compile in memory).
+    cached : kernel module name -> number of its kernels found in the cache.
+    size_bytes : bytes on disk under ``directory``.
+    """
+
+    directory: Path
+    chosen_by: str
+    key: str
+    writable: bool
+    cached: dict
+    size_bytes: int
+
+    @property
+    def state(self) -> str:
+        """``"warm"`` when compiled kernels are cached (a kernel not used yet still
+        compiles on its first use), ``"cold"`` when nothing is."""
+        return "warm" if any(self.cached.values()) else "cold"
+
+    def summary(self) -> str:
+        if not self.writable:
+            where = f"{self.directory} (cannot be written: the kernels compile in memory)"
+        elif self.state == "warm":
+            where = (f"{self.directory} (warm: {sum(self.cached.values())} kernels, "
+                     f"{self.size_bytes / 2**20:.1f} MiB)")
+        else:
+            where = f"{self.directory} (cold: the first call compiles the kernels it needs)"
+        return f"kernel cache: {where}, chosen by {self.chosen_by}"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE_ROOT).with_suffix("").parts
+    return ".".join(("sera_opt", *parts))
+
+
+def kernel_cache_info(*, inspect_kernels: bool = True) -> KernelCacheInfo:
+    """Where this installation's kernels are cached, and how many are there.
+
+    ``inspect_kernels=True`` imports the kernel modules (numba, no compiling) to
+    count the kernels whose cache index exists; ``False`` counts nothing and is
+    instant."""
+    import importlib
+
+    base, chosen_by = _base()
+    directory = kernel_cache_dir()
+    writable = _can_write(directory)
+    cached: dict = {}
+    if inspect_kernels:
+        for path in kernel_sources():
+            name = _module_name(path)
+            module = importlib.import_module(name)
+            dispatchers = [value for value in vars(module).values()
+                           if hasattr(value, "signatures") and hasattr(value, "py_func")
+                           and value.py_func.__module__ == name]
+            cached[name] = sum(_index_exists(d) for d in dispatchers)
+    size = sum(f.stat().st_size for f in directory.rglob("*") if f.is_file()) \
+        if directory.is_dir() else 0
+    return KernelCacheInfo(directory, chosen_by, cache_key(), writable, cached, size)
+
+
+def _index_exists(dispatcher) -> bool:
+    cache = getattr(dispatcher, "_cache", None)
+    path = getattr(getattr(cache, "_cache_file", None), "_index_path", None)
+    return bool(path) and os.path.exists(path)
+
+
+def _in_package_leftovers() -> list[Path]:
+    """numba cache files inside the installed package (written by earlier versions)."""
+    return [f for pattern in ("*.nbi", "*.nbc") for f in PACKAGE_ROOT.rglob(pattern)
+            if "__pycache__" in f.parts]
+
+
+def clear_kernel_cache() -> tuple[list[Path], int]:
+    """Remove every sera_opt kernel cache under the current base directory (all
+    versions and keys; other files there are left alone) and any numba cache
+    files that earlier versions wrote inside the installed package. Returns the
+    paths removed and the bytes freed."""
+    base, _ = _base()
+    removed: list[Path] = []
+    freed = 0
+    targets = [p for p in base.iterdir() if p.is_dir() and _KEY_PATTERN.match(p.name)] \
+        if base.is_dir() else []
+    for directory in targets:
+        freed += sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
+        shutil.rmtree(directory)
+        removed.append(directory)
+    for leftover in _in_package_leftovers():
+        freed += leftover.stat().st_size
+        leftover.unlink()
+        removed.append(leftover)
+    return removed, freed

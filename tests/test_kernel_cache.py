@@ -1,0 +1,249 @@
+"""The compiled kernels' cache: outside the installed package, keyed so that it is never stale."""
+
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+from sera_opt import _kernel_cache
+from sera_opt._jit import MESSAGE
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "sera_opt"
+ALLOCATE = ("import sera_opt\n"
+            "print(sera_opt.allocate([0.9, 0.5, 0.05], 24, max_rollouts=16)"
+            ".counts.tolist())\n")
+
+
+def _env(**overrides):
+    env = {k: v for k, v in os.environ.items() if k not in ("SERA_OPT_CACHE_DIR", "NUMBA_CACHE_DIR")}
+    env.update(overrides)
+    return env
+
+
+def _python(code, env, cwd=None):
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          cwd=cwd, timeout=600)
+
+
+def _cache_files(directory: Path) -> set[Path]:
+    return {f for pattern in ("*.nbi", "*.nbc") for f in directory.rglob(pattern)}
+
+
+def _copy_kernel_tree(destination: Path) -> Path:
+    for path in _kernel_cache.kernel_sources():
+        target = destination / path.relative_to(PACKAGE)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
+    return destination
+
+
+# ----------------------------------------------------------------------------- the key
+
+
+def test_the_key_names_the_versions_and_changes_with_any_kernel_source(tmp_path):
+    import numba
+
+    import sera_opt
+
+    tree = _copy_kernel_tree(tmp_path / "pkg")
+    key = _kernel_cache.cache_key(tree)
+    assert key == _kernel_cache.cache_key()  # same sources, same key, wherever they lie
+    assert key.startswith(f"{sera_opt.__version__}-numba{numba.__version__}-")
+    for path in _kernel_cache.kernel_sources(tree):
+        original = path.read_bytes()
+        path.write_bytes(original + b"\n# an edit\n")
+        assert _kernel_cache.cache_key(tree) != key, f"an edit to {path.name} kept the key"
+        path.write_bytes(original)
+    assert _kernel_cache.cache_key(tree) == key
+    (tree / "not_a_kernel.py").write_text("import numpy\n")
+    assert _kernel_cache.cache_key(tree) == key, "a module without kernels changed the key"
+
+
+def test_the_hashed_sources_are_every_kernel_and_all_that_they_compile_in():
+    """Every module that compiles numba code is hashed, and the hashed modules import
+    nothing of sera_opt but each other and the njit that places the cache: so the key
+    covers every source a kernel is compiled from (numba's own check sees one file)."""
+    sources = _kernel_cache.kernel_sources()
+    hashed = {p.relative_to(PACKAGE).as_posix() for p in sources}
+    for path in PACKAGE.rglob("*.py"):
+        text = path.read_text()
+        if "@njit" in text:
+            assert path.relative_to(PACKAGE).as_posix() in hashed, f"{path} is not hashed"
+        assert "from numba import njit" not in text and "numba.njit(" not in text.replace(
+            "return numba.njit(", ""), f"{path} compiles with numba's njit, not sera_opt._jit's"
+    allowed = {"__future__", "math", "decimal", "numpy"}
+    for path in sources:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                name = (node.module or "").rpartition(".")[2]
+                sibling = path.parent.joinpath(*[".."] * (node.level - 1), f"{name}.py").resolve()
+                assert name == "_jit" or sibling in sources, \
+                    f"{path.name} imports {node.module}, which is not hashed"
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
+                assert all(n.partition(".")[0] in allowed for n in names), (path.name, names)
+
+
+def test_the_base_directory_follows_the_documented_precedence(tmp_path, monkeypatch):
+    monkeypatch.delenv("SERA_OPT_CACHE_DIR", raising=False)
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    key = _kernel_cache.cache_key()
+    if sys.platform.startswith("linux"):
+        assert _kernel_cache.kernel_cache_dir() == tmp_path / "xdg" / "sera_opt" / key
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "numba"))
+    assert _kernel_cache.kernel_cache_dir() == tmp_path / "numba" / "sera_opt" / key
+    monkeypatch.setenv("SERA_OPT_CACHE_DIR", str(tmp_path / "ours"))
+    assert _kernel_cache.kernel_cache_dir() == tmp_path / "ours" / key
+    assert _kernel_cache.kernel_cache_info(inspect_kernels=False).chosen_by == "SERA_OPT_CACHE_DIR"
+
+
+# ----------------------------------------------------------------------------- in use
+
+
+def test_kernels_are_cached_in_the_keyed_directory_and_never_in_the_package(tmp_path):
+    before = _cache_files(PACKAGE)
+    env = _env(SERA_OPT_CACHE_DIR=str(tmp_path))
+    first = _python(ALLOCATE, env)
+    assert first.returncode == 0 and first.stdout == "[2, 6, 16]\n", first.stderr
+    written = _cache_files(tmp_path / _kernel_cache.cache_key())
+    assert written, "nothing was cached"
+    assert _cache_files(tmp_path) == written, "a cache file landed outside the keyed directory"
+    assert _cache_files(PACKAGE) == before, "a cache file was written into the package"
+    second = _python(ALLOCATE, env)
+    assert second.stdout == first.stdout and MESSAGE not in second.stderr, second.stderr
+
+
+def test_an_unwritable_cache_directory_is_one_notice_and_kernels_in_memory(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    before = _cache_files(PACKAGE)
+    code = ALLOCATE + "import sera_opt; t = sera_opt.SuccessTracker(); t.update([1, 2], [1, 0])\n"
+    result = _python(code, _env(SERA_OPT_CACHE_DIR=str(blocker / "cache")))
+    assert result.returncode == 0 and result.stdout == "[2, 6, 16]\n", result.stderr
+    notices = [line for line in result.stderr.splitlines() if "cannot be written" in line]
+    assert len(notices) == 1 and "SERA_OPT_CACHE_DIR" in notices[0], result.stderr
+    assert "Traceback" not in result.stderr and "Warning" not in result.stderr, result.stderr
+    assert _cache_files(PACKAGE) == before, "the fallback wrote into the package"
+
+
+def test_the_setting_applies_before_the_first_kernel_and_is_refused_after(tmp_path):
+    code = (f"import sera_opt\n"
+            f"sera_opt.set_kernel_cache_dir({str(tmp_path / 'chosen')!r})\n"
+            f"sera_opt.allocate([0.5, 0.2], 6)\n"
+            f"try:\n    sera_opt.set_kernel_cache_dir(None)\n"
+            f"except sera_opt.SeraOptError as e:\n    print('refused:', e)\n")
+    result = _python(code, _env(SERA_OPT_CACHE_DIR=str(tmp_path / "env")))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("refused: the kernels of this process are already loaded"), \
+        result.stdout
+    assert _cache_files(tmp_path / "chosen"), "the chosen directory was not used"
+    assert not (tmp_path / "env").exists(), "the environment won over the explicit setting"
+
+
+@pytest.mark.parametrize("bad", [3, b"/tmp", ""])
+def test_a_setting_that_is_not_a_directory_is_refused(bad):
+    import sera_opt
+
+    with pytest.raises(sera_opt.SeraOptError, match="set_kernel_cache_dir"):
+        sera_opt.set_kernel_cache_dir(bad)
+
+
+def test_the_command_shows_and_clears_the_cache(tmp_path):
+    env = _env(SERA_OPT_CACHE_DIR=str(tmp_path))
+    cli = [sys.executable, "-m", "sera_opt.cli"]
+    key_dir = tmp_path / _kernel_cache.cache_key()
+    cold = subprocess.run([*cli, "--version"], capture_output=True, text=True, env=env)
+    assert cold.returncode == 0 and f"kernel cache: {key_dir} (cold" in cold.stdout, cold
+    assert _python(ALLOCATE, env).returncode == 0
+    warm = subprocess.run([*cli, "cache"], capture_output=True, text=True, env=env)
+    assert warm.returncode == 0 and f"kernel cache: {key_dir} (warm: " in warm.stdout, warm
+    assert "sera_opt.solvers._waterline_kernels: " in warm.stdout
+    (tmp_path / "0.0.9-numba0.60.0-0123456789abcdef").mkdir()  # an earlier version's
+    (tmp_path / "keep.txt").write_text("not ours")
+    cleared = subprocess.run([*cli, "cache", "clear"], capture_output=True, text=True, env=env)
+    assert cleared.returncode == 0 and cleared.stdout.startswith("removed 2 kernel cache "), cleared
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"]
+    again = subprocess.run([*cli, "cache", "clear"], capture_output=True, text=True, env=env)
+    assert again.stdout.startswith("nothing to remove"), again.stdout
+
+
+# ----------------------------------------------------------------------------- installs
+
+
+def _site_packages(env_dir: Path) -> Path:
+    python = _venv_python(env_dir)
+    out = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                         capture_output=True, text=True, check=True)
+    return Path(out.stdout.strip())
+
+
+def _venv_python(env_dir: Path) -> Path:
+    return env_dir / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def _recorded(site: Path) -> set[Path]:
+    records = list(site.glob("sera_opt-*.dist-info/RECORD"))
+    assert len(records) == 1, records
+    rows = records[0].read_text().splitlines()
+    return {(site / row.split(",")[0]).resolve() for row in rows if row}
+
+
+@pytest.mark.slow
+def test_an_editable_install_over_a_used_regular_install_imports_from_anywhere(tmp_path):
+    """README's two commands, one after the other in one environment: a regular
+    install whose kernels were used, then an editable install over it; the package
+    must import from outside the checkout, and nothing unrecorded is left in
+    site-packages."""
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("needs the git checkout to copy its tracked files")
+    checkout = tmp_path / "checkout"
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True,
+                           check=True).stdout.decode().split("\0")
+    for name in filter(None, files):
+        source = ROOT / name
+        if source.is_file():
+            (checkout / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, checkout / name)
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
+    python = str(_venv_python(env_dir))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = _env(HOME=str(tmp_path / "home"), XDG_CACHE_HOME=str(tmp_path / "home" / ".cache"),
+               PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INDEX="1")
+    pip = [python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation"]
+
+    subprocess.run([*pip, str(checkout)], check=True, env=env, capture_output=True, cwd=elsewhere)
+    site = _site_packages(env_dir)
+    used = subprocess.run(
+        [python, "-c", "import sera_opt\nassert 'site-packages' in sera_opt.__file__, "
+                       "sera_opt.__file__\n" + ALLOCATE],
+        capture_output=True, text=True, env=env, cwd=elsewhere, timeout=600)
+    assert used.returncode == 0 and used.stdout == "[2, 6, 16]\n", used.stderr
+    installed = {p.resolve() for p in (site / "sera_opt").rglob("*") if p.is_file()}
+    unrecorded = {p for p in installed - _recorded(site) if p.suffix != ".pyc"}
+    assert not unrecorded, f"files under site-packages that pip does not know: {sorted(unrecorded)}"
+    assert _cache_files(tmp_path / "home" / ".cache" / "sera_opt"), "the kernels were not cached"
+
+    subprocess.run([*pip, "-e", str(checkout)], check=True, env=env, capture_output=True,
+                   cwd=elsewhere)
+    assert not (site / "sera_opt").exists(), "the regular install left sera_opt/ behind"
+    check = subprocess.run(
+        [python, "-c", "import sera_opt; print(sera_opt.__file__); print(sera_opt.allocate)"
+                       "; print(sera_opt.ESTIMATORS)"],
+        capture_output=True, text=True, env=env, cwd=elsewhere, timeout=600)
+    assert check.returncode == 0, check.stderr
+    assert check.stdout.splitlines()[0] == str(checkout / "sera_opt" / "__init__.py"), check.stdout
+    script = env_dir / ("Scripts/sera-opt.exe" if os.name == "nt" else "bin/sera-opt")
+    helped = subprocess.run([str(script), "--help"], capture_output=True, text=True, env=env,
+                            cwd=elsewhere, timeout=600)
+    assert helped.returncode == 0 and "allocate" in helped.stdout, helped.stderr
