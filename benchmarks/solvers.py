@@ -67,7 +67,7 @@ print(json.dumps({"import_s": t1 - t0, "first_call_s": t2 - t1, "second_call_s":
 def compile_times() -> dict:
     """First-call cost of the numba kernels: cold cache, then warm cache, in new processes."""
     with tempfile.TemporaryDirectory() as cache:
-        env = {**os.environ, "NUMBA_CACHE_DIR": cache}
+        env = {**os.environ, "SERA_OPT_CACHE_DIR": cache}
         runs = {}
         for label in ("cold_cache", "warm_cache"):
             out = subprocess.run([sys.executable, "-c", _COMPILE_SNIPPET], env=env,

@@ -41,7 +41,7 @@ from .solvers import available_solvers
 
 __all__ = ["main", "build_parser", "read_success_probs"]
 
-BENCHMARKS = ("solvers", "estimator", "tracking", "alignment", "maze", "arithmetic")
+BENCHMARKS = ("solvers", "estimator", "tracking", "first-use", "alignment", "maze", "arithmetic")
 
 # Whole numbers on the command line are read exactly as Python ints; beyond this many
 # digits no budget can be spent and Python refuses to print the number (its 4300-digit
@@ -618,7 +618,7 @@ def _cmd_allocate(args) -> int:
 
 
 def _cmd_bench(args, rest) -> int:
-    module = import_module(f"sera_opt.benchmarks.{args.name}")
+    module = import_module(f"sera_opt.benchmarks.{args.name.replace('-', '_')}")
     return int(module.main(rest) or 0)
 
 

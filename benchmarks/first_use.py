@@ -1,0 +1,148 @@
+"""First use: what a new process with an empty kernel cache pays, and where it goes.
+
+A fresh process with an empty kernel cache (a new temporary ``SERA_OPT_CACHE_DIR``)
+runs a new user's first step: ``RolloutPlanner().plan(ids, 8 M)`` for M = 64
+prompts, ``observe`` of the rollouts' rewards, and ``plan`` again. A second fresh
+process with the now warm cache runs the same step: the difference is the compile
+time, the warm figure is the cost of loading the cache. In the cold process numba's
+compile events are recorded, so the time is reported per kernel and type signature
+(inclusive of the kernels it calls, which numba compiles on the way; exclusive time
+subtracts those). Baselines, timed in each process: ``import numpy`` (already
+loaded; so instead one ``np.sort`` of 10^6 floats) and the import of numba itself.
+
+    sera-opt bench first-use [--quick] [--out DIR] [--repeats K]
+
+``--quick`` runs the cold process once; by default it runs three times (three
+empty caches) and reports the median.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+from . import _harness
+
+M = 64
+PER_PROMPT = 8
+TARGET_S = 10.0  # issue target: plan + observe + plan in a fresh process, empty cache
+
+_STEP = r"""
+import json, sys, time
+t0 = time.perf_counter()
+import numpy as np
+rng = np.random.default_rng(0)
+x = rng.random(1_000_000)
+s0 = time.perf_counter(); np.sort(x); sort_s = time.perf_counter() - s0
+n0 = time.perf_counter(); import numba; numba_import_s = time.perf_counter() - n0
+events = []
+if sys.argv[1] == "record":
+    from numba.core import event
+    recorder = event.RecordingListener()
+    event.register("numba:compile", recorder)
+import sera_opt
+t1 = time.perf_counter()
+planner = sera_opt.RolloutPlanner()
+ids = np.arange(%(m)d)
+first = planner.plan(ids, %(budget)d)
+t2 = time.perf_counter()
+rewards = (rng.random(int(first.counts.sum())) < 0.3).astype(np.float64)
+planner.observe(np.repeat(ids, first.counts), rewards)
+t3 = time.perf_counter()
+second = planner.plan(ids, %(budget)d)
+t4 = time.perf_counter()
+if sys.argv[1] == "record":
+    stack = []
+    for stamp, ev in recorder.buffer:
+        if ev.is_start:
+            stack.append((stamp, ev, []))
+            continue
+        start, begun, children = stack.pop()
+        d = begun.data["dispatcher"]
+        total = stamp - start
+        row = {"kernel": d.py_func.__module__ + "." + d.py_func.__qualname__,
+               "signature": str(begun.data["args"]), "depth": len(stack),
+               "inclusive_s": total, "exclusive_s": total - sum(children)}
+        events.append(row)
+        if stack:
+            stack[-1][2].append(total)
+print(json.dumps({"sort_1e6_s": sort_s, "numba_import_s": numba_import_s,
+                  "import_s": t1 - t0, "plan_s": t2 - t1, "observe_s": t3 - t2,
+                  "plan_again_s": t4 - t3, "step_s": t4 - t1,
+                  "counts": second.counts.tolist(), "events": events}))
+"""
+
+
+def _run(cache: str, mode: str) -> dict:
+    env = {**os.environ, "SERA_OPT_CACHE_DIR": cache}
+    env.pop("NUMBA_CACHE_DIR", None)
+    code = _STEP % {"m": M, "budget": PER_PROMPT * M}
+    out = subprocess.run([sys.executable, "-c", code, mode], env=env, capture_output=True,
+                         text=True, check=True, timeout=1800)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _per_kernel(events: list[dict]) -> list[dict]:
+    """Exclusive compile time per kernel (all its signatures), largest first."""
+    table: dict[str, dict] = {}
+    for row in events:
+        entry = table.setdefault(row["kernel"], {"kernel": row["kernel"], "exclusive_s": 0.0,
+                                                 "signatures": 0})
+        entry["exclusive_s"] += row["exclusive_s"]
+        entry["signatures"] += 1
+    return sorted(table.values(), key=lambda r: -r["exclusive_s"])
+
+
+def main(argv=None) -> int:
+    parser = _harness.common_parser("first-use", __doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="cold processes, each with an empty cache (default 3, --quick 1)")
+    args = parser.parse_args(argv)
+    repeats = args.repeats or (1 if args.quick else 3)
+    if repeats < 1:
+        parser.error("--repeats must be at least 1")
+    args.out.mkdir(parents=True, exist_ok=True)
+    cold, warm = [], []
+    for r in range(repeats):
+        with tempfile.TemporaryDirectory(prefix="sera-opt-first-use-") as cache:
+            cold.append(_run(cache, "record" if r == 0 else "plain"))
+            warm.append(_run(cache, "plain"))
+        print(f"  run {r + 1}/{repeats}: cold step {cold[-1]['step_s']:.1f} s, warm step "
+              f"{warm[-1]['step_s']:.2f} s", file=sys.stderr)
+    assert all(c["counts"] == cold[0]["counts"] for c in cold + warm), "runs disagree"
+    median = {key: statistics.median(run[key] for run in cold)
+              for key in ("plan_s", "observe_s", "plan_again_s", "step_s", "sort_1e6_s",
+                          "numba_import_s")}
+    warm_median = {key: statistics.median(run[key] for run in warm)
+                   for key in ("plan_s", "observe_s", "plan_again_s", "step_s", "sort_1e6_s")}
+    kernels = _per_kernel(cold[0]["events"])
+    payload = {
+        "machine": _harness.machine_info(),
+        "setup": {"prompts": M, "budget": PER_PROMPT * M, "repeats": repeats,
+                  "policy": "RolloutPlanner() default"},
+        "cold": median, "warm": warm_median, "target_s": TARGET_S,
+        "cold_vs_sort": median["step_s"] / median["sort_1e6_s"],
+        "cold_vs_numba_import": median["step_s"] / median["numba_import_s"],
+        "compiled_signatures": len(cold[0]["events"]),
+        "per_kernel": kernels, "events": cold[0]["events"],
+    }
+    path = _harness.write_json(args.out, "first_use", payload)
+    print(f"first use, empty cache: plan {median['plan_s']:.1f} s + observe "
+          f"{median['observe_s']:.1f} s + plan {median['plan_again_s']:.2f} s = "
+          f"{median['step_s']:.1f} s (target {TARGET_S:.0f} s; {payload['cold_vs_sort']:.0f}x "
+          f"np.sort of 1e6 floats, {payload['cold_vs_numba_import']:.0f}x import numba); "
+          f"warm cache: {warm_median['step_s']:.2f} s")
+    print(f"{len(cold[0]['events'])} kernel signatures compiled; exclusive time per kernel:")
+    for row in kernels[:15]:
+        print(f"  {row['exclusive_s']:6.2f} s  {row['kernel']} ({row['signatures']} "
+              f"signature{'s' if row['signatures'] > 1 else ''})")
+    print(f"results: {path}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(_harness.run_command("first-use", main))
