@@ -510,7 +510,19 @@ def _build_policy(args):
                                f"drop --solver (or use --policy sera).")
         kwargs["solver"] = args.solver
     try:
-        return get_policy(name, **kwargs)
+        with warnings.catch_warnings():
+            # An option that the policy or its solver ignores was typed for a reason:
+            # refuse it instead of printing Python's warning and running without it.
+            warnings.simplefilter("error", SeraOptWarning)
+            return get_policy(name, **kwargs)
+    except SeraOptWarning as exc:
+        takes = [n for n in cls.all_option_names() if n not in _OPTION_FLAGS]
+        raise SeraOptError(
+            f"{_one_line(exc).rstrip('.')}, so --option would have no effect; remove it. "
+            f"Policy {name!r} takes --option {', '.join(takes) or '(none)'} "
+            f"(and --min, --max, --offset"
+            f"{', --solver' if issubclass(cls, SERAPolicy) else ''})."
+        ) from None
     except SeraOptError:
         raise
     except (TypeError, ValueError) as exc:

@@ -1,0 +1,57 @@
+"""The `sera-opt` command where things go wrong: options that would do nothing, outputs
+that cannot be written (checked before any work), closed or full streams, inputs without
+end, and table cells that Python's float() reads but a CSV of probabilities should not.
+
+Each failure is one line on stderr and exit status 2 (a reader that goes away is the one
+quiet exception, tested in test_cli.py).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from sera_opt import SeraOptError
+from sera_opt.cli import main, read_success_probs
+
+from .test_cli import P, assert_one_line_error, run, write
+
+
+def _command(args, **kwargs):
+    return subprocess.run([sys.executable, "-m", "sera_opt.cli", *args], capture_output=True,
+                          timeout=120, **kwargs)
+
+
+def _assert_one_line(result, *fragments, status=2):
+    err = result.stderr.decode(errors="replace")
+    assert result.returncode == status, f"exit status {result.returncode}; stderr: {err!r}"
+    assert err.count("\n") == 1 and err.startswith("sera-opt"), f"not one line: {err!r}"
+    assert "Traceback" not in err and "this is a bug" not in err, err
+    for fragment in fragments:
+        assert fragment in err, f"{fragment!r} missing from {err!r}"
+
+
+# ----------------------------------------------------------------------------- options
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["--option", "foo=1"], ("'foo'", "continuous", "max_ratio", "remove it")),
+    (["--option", "tol=1e-9", "--solver", "greedy"], ("'tol'", "greedy", "max_ratio")),
+])
+def test_an_option_nothing_uses_is_an_error_not_a_warning(args, fragments, capsys,
+                                                          monkeypatch, recwarn):
+    code, out, err = run(["allocate", "-", "--budget", "12", "-q", *args], capsys,
+                         stdin=json.dumps(P), monkeypatch=monkeypatch)
+    assert_one_line_error(code, err, *fragments)
+    assert out == "" and len(recwarn) == 0, [str(w.message) for w in recwarn]
+
+
+def test_an_ignored_option_fails_from_the_real_command_even_with_quiet(tmp_path):
+    src = write(tmp_path, "p.json", json.dumps(P))
+    result = _command(["allocate", src, "--budget", "12", "-q", "--option", "foo=1"])
+    _assert_one_line(result, "'foo'")
+    assert result.stdout == b""
