@@ -537,6 +537,9 @@ def _build_policy(args):
 def _check_destination(destination: str | None) -> None:
     """Refuse an output path that cannot be written before any work is done."""
     if destination in (None, "-"):
+        if sys.stdout is None:  # started with stdout closed (`>&-`)
+            raise SeraOptError("stdout is closed, so the counts have nowhere to go; write them "
+                               "to a file with -o FILE, or leave stdout open.")
         return
     path = Path(destination)
     if path.is_dir():
@@ -557,8 +560,16 @@ def _check_destination(destination: str | None) -> None:
 
 def _write_output(text: str, destination: str | None) -> None:
     if destination in (None, "-"):
-        sys.stdout.write(text)
-        sys.stdout.flush()  # a closed pipe is reported here, not at interpreter exit
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()  # a closed pipe is reported here, not at interpreter exit
+        except BrokenPipeError:
+            raise  # the reader went away: main stops quietly
+        except (OSError, ValueError) as exc:  # a full disk, a closed descriptor
+            raise SeraOptError(
+                f"cannot write the counts to stdout: {getattr(exc, 'strerror', None) or exc}; "
+                f"write them to a file with -o FILE instead."
+            ) from None
         return
     try:
         with open(destination, "w", encoding="utf-8") as f:
@@ -617,12 +628,11 @@ def _cmd_allocate(args) -> int:
         bounds = (f"at least {s['min_rollouts']} rollouts per prompt, no cap"
                   if s["max_rollouts"] is None
                   else f"{s['min_rollouts']} to {s['max_rollouts']} rollouts per prompt")
-        print(
+        _stderr(
             f"{s['prompts']} prompts, budget {s['budget']}, {what}, {bounds}: "
             f"min factor {s['min_factor']:.4f}, "
             f"spread {s['factor_spread']:.4f} (uniform: min {s['uniform_min_factor']:.4f}, "
-            f"spread {s['uniform_factor_spread']:.4f})",
-            file=sys.stderr,
+            f"spread {s['uniform_factor_spread']:.4f})"
         )
     return 0
 
@@ -715,6 +725,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _stderr(line: str) -> None:
+    """Print one line on stderr; with stderr closed (`2>&-`) only the exit status speaks
+    (the summary is not worth failing a run whose counts were written)."""
+    if sys.stderr is None:
+        return
+    try:
+        print(line, file=sys.stderr)
+    except (OSError, ValueError):
+        pass
+
+
 def _one_line(message) -> str:
     return " ".join(part.strip() for part in str(message).splitlines() if part.strip())
 
@@ -727,16 +748,15 @@ def _report_unexpected(exc: BaseException) -> None:
         where = f"the traceback is in {path}"
     except OSError:
         where = "rerun as `sera-opt --traceback ...` to see the traceback"
-    print(f"sera-opt: unexpected error: {type(exc).__name__}: {_one_line(exc)} ({where}; "
-          f"this is a bug in sera_opt, please report it with the command that caused it)",
-          file=sys.stderr)
+    _stderr(f"sera-opt: unexpected error: {type(exc).__name__}: {_one_line(exc)} ({where}; "
+            f"this is a bug in sera_opt, please report it with the command that caused it)")
 
 
 def _exit_status(exc: SystemExit) -> int:
     """The status ``sys.exit`` would give: a message is printed and means 1, as in Python."""
     if exc.code is None or isinstance(exc.code, int):
         return int(exc.code or 0)
-    print(exc.code, file=sys.stderr)
+    _stderr(str(exc.code))
     return 1
 
 
@@ -758,10 +778,10 @@ def main(argv=None) -> int:
     except SystemExit as exc:  # an argument error, or a benchmark's own parser
         return _exit_status(exc)
     except (SeraOptError, SeraOptWarning) as exc:
-        print(f"sera-opt: error: {_one_line(exc)}", file=sys.stderr)
+        _stderr(f"sera-opt: error: {_one_line(exc)}")
         return 2
     except KeyboardInterrupt:
-        print("sera-opt: interrupted", file=sys.stderr)
+        _stderr("sera-opt: interrupted")
         return 130
     except BrokenPipeError:
         # The reader of stdout went away (`sera-opt allocate ... | head`): stop quietly,
@@ -777,9 +797,9 @@ def main(argv=None) -> int:
         if (exc.name or "sera_opt").partition(".")[0] == "sera_opt":
             _report_unexpected(exc)  # a module of sera_opt itself is missing: a broken install
             return 1
-        print(f"sera-opt: error: this command needs a module that is not installed: "
-              f"{_one_line(exc)}; install it (the benchmarks and the demo need the [bench] "
-              f"extras: pip install \".[bench]\").", file=sys.stderr)
+        _stderr(f"sera-opt: error: this command needs a module that is not installed: "
+                f"{_one_line(exc)}; install it (the benchmarks and the demo need the [bench] "
+                f"extras: pip install \".[bench]\").")
         return 1
     except Exception as exc:
         if args.traceback:

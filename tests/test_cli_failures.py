@@ -22,8 +22,9 @@ from .test_cli import P, assert_one_line_error, run, write
 
 
 def _command(args, **kwargs):
-    return subprocess.run([sys.executable, "-m", "sera_opt.cli", *args], capture_output=True,
-                          timeout=120, **kwargs)
+    kwargs.setdefault("stdout", subprocess.PIPE)
+    kwargs.setdefault("stderr", subprocess.PIPE)
+    return subprocess.run([sys.executable, "-m", "sera_opt.cli", *args], timeout=120, **kwargs)
 
 
 def _assert_one_line(result, *fragments, status=2):
@@ -55,3 +56,55 @@ def test_an_ignored_option_fails_from_the_real_command_even_with_quiet(tmp_path)
     result = _command(["allocate", src, "--budget", "12", "-q", "--option", "foo=1"])
     _assert_one_line(result, "'foo'")
     assert result.stdout == b""
+
+
+# ----------------------------------------------------------------------------- streams
+
+
+def test_a_closed_stdout_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("sys.stdout", None)  # what Python sets when started with `>&-`
+    monkeypatch.setattr("sera_opt.cli.read_success_probs", _never)
+    code = main(["allocate", "-", "--budget", "12", "-q"])
+    assert_one_line_error(code, capsys.readouterr().err, "stdout is closed", "-o FILE")
+
+
+def _never(*args, **kwargs):
+    raise AssertionError("the input was read although the output could not be written")
+
+
+def test_a_closed_stdout_from_the_shell(tmp_path):
+    src = write(tmp_path, "p.json", json.dumps(P))
+    result = _command(["allocate", src, "--budget", "12", "-q"],
+                      preexec_fn=_close_stdout)
+    _assert_one_line(result, "stdout is closed")
+
+
+def _close_stdout():
+    import os
+
+    os.close(1)
+
+
+def test_a_full_stdout_is_one_line(tmp_path):
+    src = write(tmp_path, "p.json", json.dumps(P))
+    with open("/dev/full", "w") as full:
+        result = _command(["allocate", src, "--budget", "12", "-q"], stdout=full)
+    _assert_one_line(result, "cannot write the counts to stdout", "No space left")
+
+
+def test_a_closed_stderr_does_not_fail_a_run_that_wrote_its_counts(tmp_path):
+    src = write(tmp_path, "p.json", json.dumps(P))
+    assert _command(["allocate", src, "--budget", "12", "-q"]).returncode == 0  # fill the cache
+    result = _command(["allocate", src, "--budget", "12"],
+                      preexec_fn=_close_stderr)
+    assert result.returncode == 0
+    # print(file=sys.stderr) with stderr None writes to stdout: the summary must not land
+    # among the counts
+    lines = result.stdout.decode().splitlines()
+    assert lines[0] == "count" and all(line.isdigit() for line in lines[1:]), lines
+
+
+def _close_stderr():
+    import os
+
+    os.close(2)
