@@ -46,6 +46,11 @@ BENCHMARKS = ("solvers", "estimator", "tracking", "alignment", "maze", "arithmet
 # limit), so the parser stops there instead of in a library error message.
 MAX_DIGITS = 1000
 
+# The most ``allocate`` reads: a 10^8-prompt float64 .npy is 800 MB. It bounds what an
+# endless source (/dev/zero, `yes 0.5 |`) can take before it is refused.
+MAX_INPUT_BYTES = 1 << 30
+_CHUNK = 1 << 20
+
 _NPY_MAGIC = b"\x93NUMPY"
 _FORMATS_HINT = "give the probabilities as CSV or JSON text (UTF-8) or as a NumPy .npy array"
 # Options that have their own flag; taking them through --option too would let the two
@@ -135,11 +140,14 @@ def _read_source(source: str) -> tuple[str, bytes | str]:
             )
         buffer = getattr(stream, "buffer", None)
         try:
-            return "<stdin>", (buffer.read() if buffer is not None else stream.read())
+            return "<stdin>", _read_bounded(buffer if buffer is not None else stream, "<stdin>")
+        except SeraOptError:
+            raise
         except (OSError, ValueError) as exc:
             raise SeraOptError(f"cannot read stdin: {exc}") from None
     try:
-        return repr(source), Path(source).read_bytes()
+        with open(source, "rb") as f:
+            return repr(source), _read_bounded(f, repr(source))
     except (FileNotFoundError, NotADirectoryError):
         raise SeraOptError(f"no such file: {source!r}; check the path.") from None
     except IsADirectoryError:
@@ -154,12 +162,46 @@ def _read_source(source: str) -> tuple[str, bytes | str]:
         raise SeraOptError(f"cannot read {source!r}: {exc.strerror or exc}.") from None
 
 
+def _read_bounded(stream, name: str) -> bytes | str:
+    """Everything ``stream`` holds, refused beyond :data:`MAX_INPUT_BYTES`; a binary
+    stream that is not a .npy array is refused at its first chunk, not at its end."""
+    chunks, size = [], 0
+    while True:
+        chunk = stream.read(_CHUNK)
+        if not chunk:
+            break
+        if not chunks and isinstance(chunk, bytes) and not _NPY_MAGIC.startswith(chunk[:6]):
+            _refuse_binary(chunk, name)
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > MAX_INPUT_BYTES:
+            raise SeraOptError(
+                f"{name} is larger than {_size(MAX_INPUT_BYTES)}, the most sera-opt allocate "
+                f"reads; is it the right file? Split the prompts into batches, or call "
+                f"sera_opt.allocate from Python for larger inputs."
+            )
+    if not chunks:
+        return b""
+    return chunks[0][:0].join(chunks)
+
+
+def _size(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} bytes"
+
+
+def _refuse_binary(data: bytes, name: str) -> None:
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise SeraOptError(f"{name} is UTF-16 text; save it as UTF-8 (or {_FORMATS_HINT}).")
+    if b"\x00" in data:
+        raise SeraOptError(f"{name} is a binary file, not text; {_FORMATS_HINT}.")
+
+
 def _decode(data: bytes | str, name: str) -> str:
     if isinstance(data, bytes):
-        if data.startswith((b"\xff\xfe", b"\xfe\xff")):
-            raise SeraOptError(f"{name} is UTF-16 text; save it as UTF-8 (or {_FORMATS_HINT}).")
-        if b"\x00" in data:
-            raise SeraOptError(f"{name} is a binary file, not text; {_FORMATS_HINT}.")
+        _refuse_binary(data, name)
         try:
             data = data.decode("utf-8-sig")
         except UnicodeDecodeError as exc:

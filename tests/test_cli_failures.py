@@ -24,7 +24,8 @@ from .test_cli import P, assert_one_line_error, run, write
 def _command(args, **kwargs):
     kwargs.setdefault("stdout", subprocess.PIPE)
     kwargs.setdefault("stderr", subprocess.PIPE)
-    return subprocess.run([sys.executable, "-m", "sera_opt.cli", *args], timeout=120, **kwargs)
+    kwargs.setdefault("timeout", 120)
+    return subprocess.run([sys.executable, "-m", "sera_opt.cli", *args], **kwargs)
 
 
 def _assert_one_line(result, *fragments, status=2):
@@ -108,3 +109,46 @@ def _close_stderr():
     import os
 
     os.close(2)
+
+
+# ----------------------------------------------------------------------------- endless input
+
+
+@pytest.mark.parametrize("how", ["file", "stdin"])
+def test_dev_zero_is_refused_at_once(how):
+    args = ["allocate", "/dev/zero" if how == "file" else "-", "--budget", "12", "-q"]
+    with open("/dev/zero", "rb") as zero:
+        result = _command(args, stdin=zero if how == "stdin" else subprocess.DEVNULL, timeout=60)
+    _assert_one_line(result, "binary file")
+
+
+class _Endless:
+    """A text source without end, like `yes 0.5 |`, counting what was read from it."""
+
+    def __init__(self):
+        self.read_bytes = 0
+
+    def read(self, size=-1):
+        assert size > 0, "an unbounded read of an endless stream never returns"
+        self.read_bytes += size
+        return b"0.5\n" * (size // 4)
+
+
+def test_endless_text_is_refused_at_the_size_limit(capsys, monkeypatch):
+    endless = _Endless()
+    monkeypatch.setattr("sera_opt.cli.MAX_INPUT_BYTES", 1 << 22)
+    monkeypatch.setattr("sys.stdin", type("Stdin", (), {"buffer": endless,
+                                                         "isatty": lambda self: False})())
+    code = main(["allocate", "-", "--budget", "12", "-q"])
+    assert_one_line_error(code, capsys.readouterr().err, "<stdin> is larger than 4 MiB",
+                          "batches")
+    assert endless.read_bytes <= (1 << 22) + (1 << 20)
+
+
+def test_a_file_at_the_size_limit_is_read(tmp_path, monkeypatch):
+    src = write(tmp_path, "p.txt", "0.5\n" * 256)  # exactly 1 KiB
+    monkeypatch.setattr("sera_opt.cli.MAX_INPUT_BYTES", 1 << 10)
+    assert read_success_probs(src).shape == (256,)
+    write(tmp_path, "p.txt", "0.5\n" * 257)
+    with pytest.raises(SeraOptError, match="larger than 1 KiB"):
+        read_success_probs(src)
