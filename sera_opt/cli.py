@@ -99,10 +99,7 @@ def read_success_probs(source: str, *, column: str | None = None) -> np.ndarray:
     suffix = "" if source == "-" else Path(source).suffix.lower()
     is_npy = isinstance(data, bytes) and data.startswith(_NPY_MAGIC)
     if suffix == ".npy" and not is_npy:
-        raise SeraOptError(
-            f"{name} is not a NumPy .npy file (it does not start with the .npy header); save "
-            f"the array with numpy.save, or rename the file if it holds CSV or JSON text."
-        )
+        _refuse_not_npy(name)
     if is_npy:
         kind, values = "a .npy array", _from_npy(data, name)
     else:
@@ -146,8 +143,9 @@ def _read_source(source: str) -> tuple[str, bytes | str]:
         except (OSError, ValueError) as exc:
             raise SeraOptError(f"cannot read stdin: {exc}") from None
     try:
-        with open(source, "rb") as f:
-            return repr(source), _read_bounded(f, repr(source))
+        with Path(source).open("rb") as f:
+            return repr(source), _read_bounded(f, repr(source),
+                                               npy=Path(source).suffix.lower() == ".npy")
     except (FileNotFoundError, NotADirectoryError):
         raise SeraOptError(f"no such file: {source!r}; check the path.") from None
     except IsADirectoryError:
@@ -162,7 +160,14 @@ def _read_source(source: str) -> tuple[str, bytes | str]:
         raise SeraOptError(f"cannot read {source!r}: {exc.strerror or exc}.") from None
 
 
-def _read_bounded(stream, name: str) -> bytes | str:
+def _refuse_not_npy(name: str) -> None:
+    raise SeraOptError(
+        f"{name} is not a NumPy .npy file (it does not start with the .npy header); save "
+        f"the array with numpy.save, or rename the file if it holds CSV or JSON text."
+    )
+
+
+def _read_bounded(stream, name: str, *, npy: bool = False) -> bytes | str:
     """Everything ``stream`` holds, refused beyond :data:`MAX_INPUT_BYTES`; a binary
     stream that is not a .npy array is refused at its first chunk, not at its end."""
     chunks, size = [], 0
@@ -171,6 +176,8 @@ def _read_bounded(stream, name: str) -> bytes | str:
         if not chunk:
             break
         if not chunks and isinstance(chunk, bytes) and not _NPY_MAGIC.startswith(chunk[:6]):
+            if npy:  # a .npy suffix promises the header
+                _refuse_not_npy(name)
             _refuse_binary(chunk, name)
         chunks.append(chunk)
         size += len(chunk)

@@ -224,10 +224,10 @@ def test_folder_as_input(tmp_path, capsys):
 def test_unreadable_input(tmp_path, capsys, monkeypatch):
     src = write(tmp_path, "p.csv", "0.5\n")
 
-    def denied(self):
+    def denied(self, *args, **kwargs):
         raise PermissionError(13, "Permission denied", str(self))
 
-    monkeypatch.setattr("pathlib.Path.read_bytes", denied)
+    monkeypatch.setattr("pathlib.Path.open", denied)
     code, _, err = run(["allocate", src, "--budget", "12"], capsys)
     assert_one_line_error(code, err, "permission denied")
 
