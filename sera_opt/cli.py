@@ -686,12 +686,59 @@ def _cmd_allocate(args) -> int:
     return 0
 
 
+def _out_option(rest: list[str]) -> str | None:
+    """The value of the last ``--out`` in a benchmark's arguments (argparse keeps the last)."""
+    value = None
+    for i, word in enumerate(rest):
+        if word == "--":
+            break
+        if word == "--out" and i + 1 < len(rest):
+            value = rest[i + 1]
+        elif word.startswith("--out="):
+            value = word.partition("=")[2]
+    return value
+
+
+def _check_results_folder(folder: str, command: str) -> None:
+    """Refuse a results folder that cannot be created or written, before a run of minutes."""
+    path = Path(folder)
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing == path and not path.is_dir():
+        raise SeraOptError(f"{command} --out {folder!r} is a file; give a folder for the "
+                           f"results (it is created if missing).")
+    if not existing.is_dir():
+        raise SeraOptError(f"{command} cannot create the folder {folder!r}: {str(existing)!r} "
+                           f"is a file, not a folder; choose another --out.")
+    try:  # os.access says yes to root, and to a read-only file system
+        tempfile.TemporaryFile(dir=existing).close()
+    except OSError as exc:
+        raise SeraOptError(f"{command} cannot write into {str(existing)!r} "
+                           f"({exc.strerror or exc}), so the results of --out {folder!r} would "
+                           f"be lost after the run; choose another --out.") from None
+
+
+def _wants_help(rest: list[str]) -> bool:
+    options = rest[:rest.index("--")] if "--" in rest else rest
+    return "-h" in options or "--help" in options
+
+
 def _cmd_bench(args, rest) -> int:
+    if not _wants_help(rest):
+        out = _out_option(rest)
+        # benchmarks/_harness.DEFAULT_OUT, named here so that a bad folder is refused
+        # before the benchmark's modules are even imported
+        _check_results_folder("benchmark-results" if out is None else out,
+                              f"sera-opt bench {args.name}")
     module = import_module(f"sera_opt.benchmarks.{args.name}")
     return int(module.main(rest) or 0)
 
 
 def _cmd_demo(args, rest) -> int:
+    out = _out_option(rest)
+    if out is not None and not _wants_help(rest):
+        _check_results_folder(out, "sera-opt demo")
     module = import_module("sera_opt.benchmarks.alignment")
     return int(module.demo(rest) or 0)
 

@@ -152,3 +152,66 @@ def test_a_file_at_the_size_limit_is_read(tmp_path, monkeypatch):
     write(tmp_path, "p.txt", "0.5\n" * 257)
     with pytest.raises(SeraOptError, match="larger than 1 KiB"):
         read_success_probs(src)
+
+
+# ----------------------------------------------------------------------------- bench --out
+
+
+class _Benchmark:
+    """Stands in for a benchmark module: records that it ran and with what."""
+
+    def __init__(self):
+        self.argv = None
+
+    def main(self, argv):
+        self.argv = argv
+        return 0
+
+    demo = main
+
+
+@pytest.fixture
+def fake_benchmark(monkeypatch):
+    fake = _Benchmark()
+    monkeypatch.setattr("sera_opt.cli.import_module", lambda name: fake)
+    return fake
+
+
+@pytest.mark.parametrize("command", [["bench", "solvers"], ["bench", "alignment"], ["demo"]])
+@pytest.mark.parametrize("where, fragment", [
+    ("file", "is a file; give a folder"),
+    ("file/sub", "is a file, not a folder"),
+    ("/proc/results", "cannot write into '/proc'"),
+])
+def test_an_unusable_results_folder_is_refused_before_the_run(command, where, fragment, tmp_path,
+                                                              capsys, fake_benchmark):
+    (tmp_path / "file").write_text("")
+    out = where if where.startswith("/") else str(tmp_path / where)
+    for spelling in (["--out", out], [f"--out={out}"]):
+        code, _, err = run([*command, "--quick", *spelling], capsys)
+        assert_one_line_error(code, err, fragment, repr(out))
+        assert fake_benchmark.argv is None, "the benchmark ran although its results would be lost"
+
+
+def test_a_usable_results_folder_reaches_the_benchmark(tmp_path, capsys, fake_benchmark):
+    out = str(tmp_path / "new" / "results")
+    code, _, err = run(["bench", "solvers", "--quick", "--out", out], capsys)
+    assert code == 0 and err == ""
+    assert fake_benchmark.argv == ["--quick", "--out", out]
+    assert not (tmp_path / "new").exists(), "the check must not create the folder"
+
+
+def test_the_default_results_folder_is_checked_too(tmp_path, capsys, fake_benchmark, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "benchmark-results").write_text("")
+    code, _, err = run(["bench", "solvers", "--quick"], capsys)
+    assert_one_line_error(code, err, "'benchmark-results' is a file")
+    assert fake_benchmark.argv is None
+    code, _, _ = run(["bench", "solvers", "--help"], capsys)  # help needs no folder
+    assert code == 0 and fake_benchmark.argv == ["--help"]
+
+
+def test_the_real_demo_refuses_its_folder_at_once():
+    result = _command(["demo", "--out", "/proc/results"], timeout=60)
+    _assert_one_line(result, "/proc")
+    assert result.stdout == b""
