@@ -75,10 +75,14 @@ def read_success_probs(source: str, *, column: str | None = None) -> np.ndarray:
         ``"success_probs"`` list), or else a table: one number per line, all
         numbers on one line, or columns under a header row. Cells are
         separated by tabs, semicolons, commas or whitespace, whichever the
-        first line uses (in that order).
+        first line uses (in that order); a cell holds a decimal number in
+        ASCII (no underscores, nan, inf or decimal commas), and lines that
+        start with ``#`` are comments. At most :data:`MAX_INPUT_BYTES` are
+        read. docs/cli.md gives the details.
     column : str, optional
         Header name of the table column that holds the probabilities; required
-        when the table has several columns, refused for JSON and ``.npy``.
+        when the table has several columns, refused for JSON and ``.npy``. A
+        first row holding this name is the header, even if the name is a number.
 
     Returns
     -------
@@ -103,7 +107,11 @@ def read_success_probs(source: str, *, column: str | None = None) -> np.ndarray:
     if is_npy:
         kind, values = "a .npy array", _from_npy(data, name)
     else:
-        text = _decode(data, name)
+        # Comment lines become empty lines, so that line numbers in messages still hold.
+        text = _COMMENT.sub("", _decode(data, name))
+        if not text.strip():
+            raise SeraOptError(f"{name} holds only comment lines (starting with #); give one "
+                               f"success probability per prompt.")
         if suffix == ".json" or _FIRST_LINE.search(text).group()[0] in "[{":
             kind, values = "JSON", _from_json(text, name)
         else:
@@ -115,7 +123,11 @@ def read_success_probs(source: str, *, column: str | None = None) -> np.ndarray:
     try:
         return validate_success_probs(values)
     except SeraOptError as exc:
-        raise SeraOptError(f"{name}: {exc}") from None
+        hint = ""
+        if kind == "table" and column is None and values.size > 1 and not 0 <= values[0] <= 1:
+            hint = (f" If the first line is a header whose column name is a number, name it "
+                    f"with --column {shlex.quote(_FIRST_LINE.search(text).group().strip())}.")
+        raise SeraOptError(f"{name}: {exc}{hint}") from None
 
 
 def _read_source(source: str) -> tuple[str, bytes | str]:
@@ -277,9 +289,39 @@ def _fits_float(value: int) -> bool:
     return True
 
 
+class _JSONRefusal(Exception):
+    """A JSON value that json.loads takes but a list of probabilities should not hold."""
+
+
+def _json_constant(word: str):
+    raise _JSONRefusal(f"{word} is not valid JSON and not a probability; estimate missing "
+                       f"probabilities first (for example with sera_opt.SuccessTracker)")
+
+
+def _json_float(text: str) -> float:
+    value = float(text)
+    if value == 0 and _NONZERO_MANTISSA.match(text.lstrip("-")):
+        raise _JSONRefusal(f"the number {text} is too small for a float64 and would read as 0; "
+                           f"write 0 if that is what is meant")
+    return value + 0.0  # -0 is 0
+
+
+def _json_object(pairs):
+    keys = [k for k, _ in pairs]
+    repeated = sorted({k for k in keys if keys.count(k) > 1})
+    if repeated:
+        # json.loads keeps the last silently; the first may be the one meant.
+        raise _JSONRefusal(f"the key {repeated[0]!r} appears {keys.count(repeated[0])} times in "
+                           f"one object; keep one")
+    return dict(pairs)
+
+
 def _from_json(text: str, name: str) -> np.ndarray:
     try:
-        obj = json.loads(text)
+        obj = json.loads(text, parse_constant=_json_constant, parse_float=_json_float,
+                         object_pairs_hook=_json_object)
+    except _JSONRefusal as exc:
+        raise SeraOptError(f"{name}: {exc}.") from None
     except json.JSONDecodeError as exc:
         raise SeraOptError(
             f"{name} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}; "
@@ -327,6 +369,36 @@ def _from_json(text: str, name: str) -> np.ndarray:
         ) from None
 
 
+def _looks_numeric(cell: str) -> bool:
+    """A cell that is meant as a number, even if it is not written as one (0,5 or nan):
+    a first row holding one is data, to be reported, not a header to be skipped."""
+    return _is_number(cell) or _DECIMAL_COMMA.fullmatch(cell) is not None
+
+
+def _not_a_probability(cell: str) -> str:
+    """Why a table cell is refused, for the message."""
+    cell = cell.strip(" \t")
+    if not cell:
+        return "is empty"
+    if _DECIMAL_COMMA.fullmatch(cell):
+        return (f"holds {cell!r}, a decimal comma; write {cell.replace(',', '.')!r} "
+                f"(a point) instead")
+    if _is_number(cell):
+        low = cell.lower()
+        if "nan" in low or "inf" in low:
+            return (f"holds {cell!r}, which is not a probability; estimate it first (for "
+                    f"example with sera_opt.SuccessTracker)")
+        if "_" in cell:
+            return f"holds {cell!r}; write numbers without underscores ({cell.replace('_', '')!r})"
+        if not cell.isascii():
+            return (f"holds {cell!r}, with characters that are not ASCII; write the number "
+                    f"in ASCII digits")
+        if _CELL.fullmatch(cell) and _NONZERO_MANTISSA.match(cell.lstrip("+-")):
+            return (f"holds {cell!r}, which is too small for a float64 and would read as 0; "
+                    f"write 0 if that is what is meant")
+    return f"holds {cell!r}, which is not a number"
+
+
 def _is_number(cell: str) -> bool:
     try:
         float(cell)
@@ -336,6 +408,18 @@ def _is_number(cell: str) -> bool:
 
 
 _FIRST_LINE = re.compile(r"\S[^\n\r]*")
+# A line whose first non-blank character is #: no number or JSON text starts with one.
+_COMMENT = re.compile(r"^[^\S\n\r]*#[^\n\r]*", re.MULTILINE)
+# What a cell of probabilities may hold: a decimal number in ASCII, optionally signed and
+# surrounded by blanks. Python's float() takes more (underscores, nan, inf, non-ASCII
+# digits), none of which belongs in a CSV of probabilities.
+_NUMBER = r"[ \t]*[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?[ \t]*"
+_CELL = re.compile(_NUMBER, re.ASCII)
+# float() has taken every cell when this is asked, so a cell of only these characters
+# is a decimal number as _CELL writes it (one scan of the text, not one match per cell).
+_NOT_DECIMAL = re.compile(r"[^0-9eE.+\- \t]")
+_DECIMAL_COMMA = re.compile(r"[ \t]*[+-]?[0-9]*,[0-9]+[ \t]*", re.ASCII)
+_NONZERO_MANTISSA = re.compile(r"[1-9][0-9]*\.?[0-9]*|\.[0-9]*[1-9]", re.ASCII)
 # Two fields on one line of a file without delimiters.
 _TWO_FIELDS = re.compile(r"\S[^\S\n]+\S")
 
@@ -372,11 +456,20 @@ def _line_number(text: str, delimiter: str | None, k: int) -> int:
 
 
 def _parse_floats(cells: list[str]) -> np.ndarray | int:
-    """The cells as float64, or the index of the first cell that is not a number."""
+    """The cells as float64, or the index of the first cell that is not a decimal number
+    in ASCII, or one that is not 0 but reads as 0 (1e-400)."""
     try:
-        return np.fromiter(map(float, cells), dtype=np.float64, count=len(cells))
+        values = np.fromiter(map(float, cells), dtype=np.float64, count=len(cells))
     except ValueError:
         return next(k for k, cell in enumerate(cells) if not _is_number(cell))
+    if _NOT_DECIMAL.search("".join(cells)):
+        return next(k for k, cell in enumerate(cells) if not _CELL.fullmatch(cell))
+    zeros = np.flatnonzero(values == 0)
+    for k in zeros:
+        if _NONZERO_MANTISSA.match(cells[k].strip().lstrip("+-")):
+            return int(k)
+    values[zeros] = 0.0  # -0 is 0; a -0.0 would show in the summary's factors
+    return values
 
 
 def _from_table(text: str, name: str, column: str | None) -> np.ndarray:
@@ -385,7 +478,7 @@ def _from_table(text: str, name: str, column: str | None) -> np.ndarray:
         # rows. Only a clean read returns here; anything to report goes through the
         # row-by-row reader below, which is the reference (tests compare the two).
         tokens = text.split()
-        has_header = not _is_number(tokens[0])
+        has_header = not _looks_numeric(tokens[0]) or tokens[0] == column
         data = tokens[1:] if has_header else tokens
         if data and (column is None or (has_header and column == tokens[0])):
             values = _parse_floats(data)
@@ -403,7 +496,9 @@ def _from_table_rows(text: str, name: str, column: str | None) -> np.ndarray:
     # A first row without a single number is a header; one with numbers is data, so a
     # mistyped value is reported instead of being taken for a column name.
     first = [c.strip() for c in rows[0]]
-    header = None if any(_is_number(c) for c in first) else first
+    # A name given with --column marks its row as the header even if it reads as a number.
+    numeric = any(_looks_numeric(c) for c in first) and (column is None or column not in first)
+    header = None if numeric else first
     skip = 0 if header is None else 1  # rows before the data
     data = rows[skip:]
     columns = None if header is None else ", ".join(repr(c) for c in header[:20]) + (
@@ -442,7 +537,8 @@ def _from_table_rows(text: str, name: str, column: str | None) -> np.ndarray:
             raise SeraOptError(
                 f"{name} is a table of {len(data)} rows and {width} columns with no header row, "
                 f"so it does not say which column holds the probabilities; add a header row and "
-                f"pass --column NAME, or give one probability per line"
+                f"pass --column NAME (a header may name a column with a number: pass it as "
+                f"--column too), or give one probability per line"
                 f"{' (decimal commas: write 0.5, not 0,5)' if delimiter == ',' else ''}."
             )
     else:
@@ -466,10 +562,8 @@ def _from_table_rows(text: str, name: str, column: str | None) -> np.ndarray:
             return f"line {line(k)}, column {header[index]!r}"
     values = _parse_floats(cells)
     if not isinstance(values, np.ndarray):
-        cell = cells[values].strip()
-        what = "is empty" if not cell else f"holds {cell!r}, which is not a number"
-        raise SeraOptError(f"{name}: {place(values)} {what}; every prompt needs a success "
-                           f"probability.")
+        raise SeraOptError(f"{name}: {place(values)} {_not_a_probability(cells[values])}; "
+                           f"every prompt needs a success probability.")
     return values
 
 

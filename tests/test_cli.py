@@ -347,8 +347,8 @@ def test_several_columns_need_column(tmp_path, capsys):
         ("", None, "is empty"),
         (" \n\t\n", None, "is empty"),
         (",,\n,\n", None, "only empty fields"),
-        ("p\n0.5\nnan\n", None, "non-finite"),
-        ("p\n0.5\ninf\n", None, "non-finite"),
+        ("p\n0.5\nnan\n", None, "holds 'nan', which is not a probability"),
+        ("p\n0.5\ninf\n", None, "holds 'inf', which is not a probability"),
         ("p\n0.5\n1.5\n", None, "must lie in [0, 1]"),
     ],
 )

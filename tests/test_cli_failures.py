@@ -215,3 +215,87 @@ def test_the_real_demo_refuses_its_folder_at_once():
     result = _command(["demo", "--out", "/proc/results"], timeout=60)
     _assert_one_line(result, "/proc")
     assert result.stdout == b""
+
+
+# ----------------------------------------------------------------------------- tables
+
+
+@pytest.mark.parametrize("content, column, expected", [
+    ("# success probabilities, run 3\n0.5\n0.25\n", None, [0.5, 0.25]),
+    ("# from the tracker\nid,p\n# a comment between rows\na,0.5\nb,0.25\n", "p", [0.5, 0.25]),
+    ("  # indented\n0.5 0.25\n", None, [0.5, 0.25]),
+    ("2024,id\n0.5,a\n0.25,b\n", "2024", [0.5, 0.25]),  # a column named with a number
+    ("1\n0.5\n0.25\n", "1", [0.5, 0.25]),
+    ("1\n0.5\n0.25\n", None, [1.0, 0.5, 0.25]),  # without --column, 1 is a probability
+    ("p\n 0.5 \n+.5\n5e-1\n1.\n-0\n0.0e-400\n", None, [0.5, 0.5, 0.5, 1.0, 0.0, 0.0]),
+])
+def test_tables_that_were_misread_are_read_as_meant(content, column, expected, tmp_path):
+    values = read_success_probs(write(tmp_path, "p.csv", content), column=column)
+    assert values.tolist() == expected
+    assert not np.signbit(values).any(), "-0 must read as 0"
+
+
+@pytest.mark.parametrize("content, column, fragments", [
+    ("p;x\n0,5;1\n0,9;2\n", "p", ("line 2, column 'p' holds '0,5', a decimal comma",
+                                    "write '0.5'")),
+    ("0,5;0,9;0,1\n", None, ("line 1, field 1 holds '0,5', a decimal comma",)),
+    ("0,5\n0,9\n", None, ("decimal commas",)),
+    ("p\t\n0,5\t\n", "p", ("a decimal comma",)),
+    ("2024\n0.5\n0.9\n", None, ("must lie in [0, 1]", "--column 2024")),
+    ("2024,id\n0.5,a\n0.9,b\n", None, ("no header row", "--column too")),
+    ("# only a comment\n", None, ("only comment lines",)),
+    # a no-break space inside a delimited cell (where cells split on blanks, it separates)
+    ("p;x\n0.5\u00a0;1\n", "p", ("holds '0.5\\xa0'", "not ASCII")),
+])
+def test_misdiagnosed_tables_get_the_right_diagnosis(content, column, fragments, tmp_path,
+                                                     capsys):
+    src = write(tmp_path, "p.csv", content)
+    argv = ["allocate", src, "--budget", "12"] + ([] if column is None else ["--column", column])
+    code, _, err = run(argv, capsys)
+    assert_one_line_error(code, err, "p.csv", *fragments)
+
+
+@pytest.mark.parametrize("cell, fragment", [
+    ("0.5_0", "without underscores ('0.50')"),
+    ("1_0e-1", "without underscores"),
+    ("0x1p-1", "not a number"),
+    ("nan", "not a probability"),
+    ("NaN", "not a probability"),
+    ("inf", "not a probability"),
+    ("-Infinity", "not a probability"),
+    ("1e-400", "too small for a float64"),
+    ("\uff10.\uff15", "not ASCII"),  # full-width 0.5
+    ("\u0660.\u0665", "not ASCII"),  # Arabic-Indic 0.5
+    ("0,5", "a decimal comma"),
+])
+@pytest.mark.parametrize("layout", ["column", "header", "line"])
+def test_cells_that_float_reads_but_a_table_should_not(cell, fragment, layout, tmp_path,
+                                                       capsys):
+    content = {"column": f"0.25\n{cell}\n", "header": f"id;p\na;0.25\nb;{cell}\n",
+               "line": f"0.25;{cell}\n"}[layout]
+    src = write(tmp_path, "p.csv", content)
+    argv = ["allocate", src, "--budget", "12"] + (["--column", "p"] if layout == "header" else [])
+    code, _, err = run(argv, capsys)
+    assert_one_line_error(code, err, "p.csv", fragment)
+    place = {"column": "line 2", "header": "line 3, column 'p'", "line": "line 1, field 2"}
+    assert place[layout] in err, err
+
+
+# ----------------------------------------------------------------------------- JSON
+
+
+@pytest.mark.parametrize("payload, fragment", [
+    ('{"success_probs": [0.5], "success_probs": [0.9, 0.1]}', "appears 2 times"),
+    ("[NaN, 0.5]", "NaN is not valid JSON"),
+    ("[0.5, -Infinity]", "-Infinity is not valid JSON"),
+    ("[1e-400, 0.5]", "too small for a float64"),
+])
+def test_json_that_json_loads_takes_but_should_not(payload, fragment, capsys, monkeypatch):
+    code, _, err = run(["allocate", "-", "--budget", "12"], capsys, stdin=payload,
+                       monkeypatch=monkeypatch)
+    assert_one_line_error(code, err, "<stdin>", fragment)
+
+
+def test_json_minus_zero_reads_as_zero(tmp_path):
+    values = read_success_probs(write(tmp_path, "p.json", "[-0.0, 0.5]"))
+    assert values.tolist() == [0.0, 0.5] and not np.signbit(values).any()
