@@ -677,14 +677,24 @@ def _build_policy(args):
 # ----------------------------------------------------------------------------- allocate
 
 
-def _check_destination(destination: str | None) -> None:
+def _check_destination(destination: str | None, source: str = "-") -> None:
     """Refuse an output path that cannot be written before any work is done."""
     if destination in (None, "-"):
         if sys.stdout is None:  # started with stdout closed (`>&-`)
             raise SeraOptError("stdout is closed, so the counts have nowhere to go; write them "
                                "to a file with -o FILE, or leave stdout open.")
         return
+    if not destination.strip():
+        raise SeraOptError("-o is given an empty name; give the file for the counts, e.g. "
+                           "-o counts.csv, or drop -o to write them to stdout.")
     path = Path(destination)
+    try:
+        same = source != "-" and path.exists() and os.path.samefile(source, path)
+    except OSError:
+        same = False
+    if same:
+        raise SeraOptError(f"-o {destination!r} is the input file; writing the counts there "
+                           f"would replace the probabilities. Choose another file for -o.")
     if path.is_dir():
         raise SeraOptError(f"-o {destination!r} is a folder; give a file name in it, e.g. "
                            f"{str(path / 'counts.csv')!r}.")
@@ -747,7 +757,7 @@ def _cmd_allocate(args) -> int:
     if (args.budget is None) == (args.per_prompt is None):
         raise SeraOptError("give exactly one of --budget and --per-prompt.")
     policy = _build_policy(args)
-    _check_destination(args.output)
+    _check_destination(args.output, args.input)
     probs = read_success_probs(args.input, column=args.column)
     budget = args.budget if args.budget is not None else args.per_prompt * len(probs)
     with warnings.catch_warnings():
@@ -818,6 +828,20 @@ def _wants_help(rest: list[str]) -> bool:
     return "-h" in options or "--help" in options
 
 
+class _OneLineErrors:
+    """Make the benchmarks' own argument errors one line, exit status 2, like sera-opt's:
+    their parsers are plain argparse ones, which print the whole usage first."""
+
+    def __enter__(self):
+        self._saved = argparse.ArgumentParser.error
+        argparse.ArgumentParser.error = _Parser.error
+        return self
+
+    def __exit__(self, *exc):
+        argparse.ArgumentParser.error = self._saved
+        return False
+
+
 def _cmd_bench(args, rest) -> int:
     if not _wants_help(rest):
         out = _out_option(rest)
@@ -826,7 +850,8 @@ def _cmd_bench(args, rest) -> int:
         _check_results_folder("benchmark-results" if out is None else out,
                               f"sera-opt bench {args.name}")
     module = import_module(f"sera_opt.benchmarks.{args.name}")
-    return int(module.main(rest) or 0)
+    with _OneLineErrors():
+        return int(module.main(rest) or 0)
 
 
 def _cmd_demo(args, rest) -> int:
@@ -834,7 +859,8 @@ def _cmd_demo(args, rest) -> int:
     if out is not None and not _wants_help(rest):
         _check_results_folder(out, "sera-opt demo")
     module = import_module("sera_opt.benchmarks.alignment")
-    return int(module.demo(rest) or 0)
+    with _OneLineErrors():
+        return int(module.demo(rest) or 0)
 
 
 # ----------------------------------------------------------------------------- main

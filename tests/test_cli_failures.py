@@ -299,3 +299,29 @@ def test_json_that_json_loads_takes_but_should_not(payload, fragment, capsys, mo
 def test_json_minus_zero_reads_as_zero(tmp_path):
     values = read_success_probs(write(tmp_path, "p.json", "[-0.0, 0.5]"))
     assert values.tolist() == [0.0, 0.5] and not np.signbit(values).any()
+
+
+# ----------------------------------------------------------------------------- more outputs
+
+
+def test_the_input_file_is_not_overwritten_by_the_counts(tmp_path, capsys):
+    src = write(tmp_path, "p.csv", "0.5\n0.25\n")
+    code, _, err = run(["allocate", src, "--budget", "12", "-o", src], capsys)
+    assert_one_line_error(code, err, "is the input file")
+    assert (tmp_path / "p.csv").read_text() == "0.5\n0.25\n"
+
+
+def test_an_empty_output_name(capsys, monkeypatch):
+    code, _, err = run(["allocate", "-", "--budget", "12", "-o", ""], capsys,
+                       stdin=json.dumps(P), monkeypatch=monkeypatch)
+    assert_one_line_error(code, err, "-o is given an empty name")
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["bench", "solvers", "--nope"], "unrecognized arguments: --nope"),
+    (["bench", "solvers", "--seed", "x"], "invalid int value: 'x'"),
+    (["demo", "--seed", "x"], "invalid int value: 'x'"),
+])
+def test_a_benchmarks_own_argument_errors_are_one_line(argv, fragment):
+    result = _command(argv, timeout=120)
+    _assert_one_line(result, fragment, "--help")
