@@ -591,6 +591,11 @@ def _whole_number(text: str) -> int:
     return int(value)
 
 
+def _shortened(text: str, width: int = 60) -> str:
+    """``text`` for a message: a value pasted by mistake can be megabytes long."""
+    return text if len(text) <= width else f"{text[:width - 20]}...({len(text)} characters)"
+
+
 def _option_value(key: str, text: str):
     try:
         return ast.literal_eval(text)
@@ -605,8 +610,8 @@ def _option_value(key: str, text: str):
     if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.\-]*", text):
         return text  # a bare name, such as a solver's, needs no quotes
     raise SeraOptError(
-        f"--option {key}={text}: the value is not a Python literal; write a number, True, "
-        f"False, None, a quoted string or a list such as [1, 2]."
+        f"--option {key}={_shortened(text)}: the value is not a Python literal; write a "
+        f"number, True, False, None, a quoted string or a list such as [1, 2]."
     )
 
 

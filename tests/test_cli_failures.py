@@ -325,3 +325,11 @@ def test_an_empty_output_name(capsys, monkeypatch):
 def test_a_benchmarks_own_argument_errors_are_one_line(argv, fragment):
     result = _command(argv, timeout=120)
     _assert_one_line(result, fragment, "--help")
+
+
+def test_a_huge_option_value_is_not_echoed_whole(capsys, monkeypatch):
+    value = "9" * 5000  # beyond Python's int-string limit, so not a literal
+    code, _, err = run(["allocate", "-", "--budget", "12", "--option", f"alpha={value}"], capsys,
+                       stdin=json.dumps(P), monkeypatch=monkeypatch)
+    assert_one_line_error(code, err, "not a Python literal", "(5000 characters)")
+    assert len(err) < 300, err
