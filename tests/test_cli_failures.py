@@ -333,3 +333,10 @@ def test_a_huge_option_value_is_not_echoed_whole(capsys, monkeypatch):
                        stdin=json.dumps(P), monkeypatch=monkeypatch)
     assert_one_line_error(code, err, "not a Python literal", "(5000 characters)")
     assert len(err) < 300, err
+
+
+def test_the_checked_default_folder_is_the_benchmarks_default():
+    harness = pytest.importorskip("sera_opt.benchmarks._harness")
+    from sera_opt.cli import BENCH_DEFAULT_OUT
+
+    assert str(harness.DEFAULT_OUT) == BENCH_DEFAULT_OUT
