@@ -127,9 +127,11 @@ def read_success_probs(source: str, *, column: str | None = None) -> np.ndarray:
         return validate_success_probs(values)
     except SeraOptError as exc:
         hint = ""
-        if kind == "table" and column is None and values.size > 1 and not 0 <= values[0] <= 1:
+        first_line = _FIRST_LINE.search(text).group().split() if kind == "table" else []
+        if (len(first_line) == 1 and column is None and values.size > 1
+                and _delimiter(text) is None and not 0 <= values[0] <= 1):
             hint = (f" If the first line is a header whose column name is a number, name it "
-                    f"with --column {shlex.quote(_FIRST_LINE.search(text).group().strip())}.")
+                    f"with --column {shlex.quote(first_line[0])}.")
         raise SeraOptError(f"{name}: {exc}{hint}") from None
 
 
@@ -303,7 +305,7 @@ def _json_constant(word: str):
 
 def _json_float(text: str) -> float:
     value = float(text)
-    if value == 0 and _NONZERO_MANTISSA.match(text.lstrip("-")):
+    if value == 0 and _underflows(text):
         raise _JSONRefusal(f"the number {text} is too small for a float64 and would read as 0; "
                            f"write 0 if that is what is meant")
     return value + 0.0  # -0 is 0
@@ -396,7 +398,7 @@ def _not_a_probability(cell: str) -> str:
         if not cell.isascii():
             return (f"holds {cell!r}, with characters that are not ASCII; write the number "
                     f"in ASCII digits")
-        if _CELL.fullmatch(cell) and _NONZERO_MANTISSA.match(cell.lstrip("+-")):
+        if _CELL.fullmatch(cell) and _underflows(cell):
             return (f"holds {cell!r}, which is too small for a float64 and would read as 0; "
                     f"write 0 if that is what is meant")
     return f"holds {cell!r}, which is not a number"
@@ -422,7 +424,11 @@ _CELL = re.compile(_NUMBER, re.ASCII)
 # is a decimal number as _CELL writes it (one scan of the text, not one match per cell).
 _NOT_DECIMAL = re.compile(r"[^0-9eE.+\- \t]")
 _DECIMAL_COMMA = re.compile(r"[ \t]*[+-]?[0-9]*,[0-9]+[ \t]*", re.ASCII)
-_NONZERO_MANTISSA = re.compile(r"[1-9][0-9]*\.?[0-9]*|\.[0-9]*[1-9]", re.ASCII)
+
+
+def _underflows(number: str) -> bool:
+    """Whether a decimal number that float() read as 0 is not 0 (1e-400, 0.001e-400)."""
+    return re.search(r"[1-9]", re.split(r"[eE]", number, maxsplit=1)[0]) is not None
 # Two fields on one line of a file without delimiters.
 _TWO_FIELDS = re.compile(r"\S[^\S\n]+\S")
 
@@ -469,7 +475,7 @@ def _parse_floats(cells: list[str]) -> np.ndarray | int:
         return next(k for k, cell in enumerate(cells) if not _CELL.fullmatch(cell))
     zeros = np.flatnonzero(values == 0)
     for k in zeros:
-        if _NONZERO_MANTISSA.match(cells[k].strip().lstrip("+-")):
+        if _underflows(cells[k]):
             return int(k)
     values[zeros] = 0.0  # -0 is 0; a -0.0 would show in the summary's factors
     return values

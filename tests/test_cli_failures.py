@@ -242,6 +242,7 @@ def test_tables_that_were_misread_are_read_as_meant(content, column, expected, t
     ("0,5\n0,9\n", None, ("decimal commas",)),
     ("p\t\n0,5\t\n", "p", ("a decimal comma",)),
     ("2024\n0.5\n0.9\n", None, ("must lie in [0, 1]", "--column 2024")),
+    ("2,0.5,0.9\n", None, ("must lie in [0, 1]",)),
     ("2024,id\n0.5,a\n0.9,b\n", None, ("no header row", "--column too")),
     ("# only a comment\n", None, ("only comment lines",)),
     # a no-break space inside a delimited cell (where cells split on blanks, it separates)
@@ -264,6 +265,7 @@ def test_misdiagnosed_tables_get_the_right_diagnosis(content, column, fragments,
     ("inf", "not a probability"),
     ("-Infinity", "not a probability"),
     ("1e-400", "too small for a float64"),
+    ("0.001e-400", "too small for a float64"),
     ("\uff10.\uff15", "not ASCII"),  # full-width 0.5
     ("\u0660.\u0665", "not ASCII"),  # Arabic-Indic 0.5
     ("0,5", "a decimal comma"),
@@ -289,6 +291,7 @@ def test_cells_that_float_reads_but_a_table_should_not(cell, fragment, layout, t
     ("[NaN, 0.5]", "NaN is not valid JSON"),
     ("[0.5, -Infinity]", "-Infinity is not valid JSON"),
     ("[1e-400, 0.5]", "too small for a float64"),
+    ("[0.5, -0.001e-400]", "too small for a float64"),
 ])
 def test_json_that_json_loads_takes_but_should_not(payload, fragment, capsys, monkeypatch):
     code, _, err = run(["allocate", "-", "--budget", "12"], capsys, stdin=payload,
