@@ -8,6 +8,7 @@ quiet exception, tested in test_cli.py).
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -199,6 +200,10 @@ def test_a_usable_results_folder_reaches_the_benchmark(tmp_path, capsys, fake_be
     assert code == 0 and err == ""
     assert fake_benchmark.argv == ["--quick", "--out", out]
     assert not (tmp_path / "new").exists(), "the check must not create the folder"
+    assert argparse.ArgumentParser.error is _ARGPARSE_ERROR, "argparse left patched"
+
+
+_ARGPARSE_ERROR = argparse.ArgumentParser.error
 
 
 def test_the_default_results_folder_is_checked_too(tmp_path, capsys, fake_benchmark, monkeypatch):
