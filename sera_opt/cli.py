@@ -42,11 +42,19 @@ from .solvers import available_solvers
 __all__ = ["main", "build_parser", "read_success_probs"]
 
 BENCHMARKS = ("solvers", "estimator", "tracking", "first-use", "alignment", "maze", "arithmetic")
+# The benchmarks' default --out (benchmarks/_harness.DEFAULT_OUT; a test keeps the two
+# equal), named here so that the folder is checked before a benchmark is imported.
+BENCH_DEFAULT_OUT = "benchmark-results"
 
 # Whole numbers on the command line are read exactly as Python ints; beyond this many
 # digits no budget can be spent and Python refuses to print the number (its 4300-digit
 # limit), so the parser stops there instead of in a library error message.
 MAX_DIGITS = 1000
+
+# The most ``allocate`` reads: a 10^8-prompt float64 .npy is 800 MB. It bounds what an
+# endless source (/dev/zero, `yes 0.5 |`) can take before it is refused.
+MAX_INPUT_BYTES = 1 << 30
+_CHUNK = 1 << 20
 
 _NPY_MAGIC = b"\x93NUMPY"
 _FORMATS_HINT = "give the probabilities as CSV or JSON text (UTF-8) or as a NumPy .npy array"
@@ -72,10 +80,14 @@ def read_success_probs(source: str, *, column: str | None = None) -> np.ndarray:
         ``"success_probs"`` list), or else a table: one number per line, all
         numbers on one line, or columns under a header row. Cells are
         separated by tabs, semicolons, commas or whitespace, whichever the
-        first line uses (in that order).
+        first line uses (in that order); a cell holds a decimal number in
+        ASCII (no underscores, nan, inf or decimal commas), and lines that
+        start with ``#`` are comments. At most :data:`MAX_INPUT_BYTES` are
+        read. docs/cli.md gives the details.
     column : str, optional
         Header name of the table column that holds the probabilities; required
-        when the table has several columns, refused for JSON and ``.npy``.
+        when the table has several columns, refused for JSON and ``.npy``. A
+        first row holding this name is the header, even if the name is a number.
 
     Returns
     -------
@@ -96,14 +108,15 @@ def read_success_probs(source: str, *, column: str | None = None) -> np.ndarray:
     suffix = "" if source == "-" else Path(source).suffix.lower()
     is_npy = isinstance(data, bytes) and data.startswith(_NPY_MAGIC)
     if suffix == ".npy" and not is_npy:
-        raise SeraOptError(
-            f"{name} is not a NumPy .npy file (it does not start with the .npy header); save "
-            f"the array with numpy.save, or rename the file if it holds CSV or JSON text."
-        )
+        _refuse_not_npy(name)
     if is_npy:
         kind, values = "a .npy array", _from_npy(data, name)
     else:
-        text = _decode(data, name)
+        # Comment lines become empty lines, so that line numbers in messages still hold.
+        text = _COMMENT.sub("", _decode(data, name))
+        if not text.strip():
+            raise SeraOptError(f"{name} holds only comment lines (starting with #); give one "
+                               f"success probability per prompt.")
         if suffix == ".json" or _FIRST_LINE.search(text).group()[0] in "[{":
             kind, values = "JSON", _from_json(text, name)
         else:
@@ -115,7 +128,13 @@ def read_success_probs(source: str, *, column: str | None = None) -> np.ndarray:
     try:
         return validate_success_probs(values)
     except SeraOptError as exc:
-        raise SeraOptError(f"{name}: {exc}") from None
+        hint = ""
+        first_line = _FIRST_LINE.search(text).group().split() if kind == "table" else []
+        if (len(first_line) == 1 and column is None and values.size > 1
+                and _delimiter(text) is None and not 0 <= values[0] <= 1):
+            hint = (f" If the first line is a header whose column name is a number, name it "
+                    f"with --column {shlex.quote(first_line[0])}.")
+        raise SeraOptError(f"{name}: {exc}{hint}") from None
 
 
 def _read_source(source: str) -> tuple[str, bytes | str]:
@@ -137,11 +156,15 @@ def _read_source(source: str) -> tuple[str, bytes | str]:
             )
         buffer = getattr(stream, "buffer", None)
         try:
-            return "<stdin>", (buffer.read() if buffer is not None else stream.read())
+            return "<stdin>", _read_bounded(buffer if buffer is not None else stream, "<stdin>")
+        except SeraOptError:
+            raise
         except (OSError, ValueError) as exc:
             raise SeraOptError(f"cannot read stdin: {exc}") from None
     try:
-        return repr(source), Path(source).read_bytes()
+        with Path(source).open("rb") as f:
+            return repr(source), _read_bounded(f, repr(source),
+                                               npy=Path(source).suffix.lower() == ".npy")
     except (FileNotFoundError, NotADirectoryError):
         raise SeraOptError(f"no such file: {source!r}; check the path.") from None
     except IsADirectoryError:
@@ -156,12 +179,55 @@ def _read_source(source: str) -> tuple[str, bytes | str]:
         raise SeraOptError(f"cannot read {source!r}: {exc.strerror or exc}.") from None
 
 
+def _refuse_not_npy(name: str) -> None:
+    raise SeraOptError(
+        f"{name} is not a NumPy .npy file (it does not start with the .npy header); save "
+        f"the array with numpy.save, or rename the file if it holds CSV or JSON text."
+    )
+
+
+def _read_bounded(stream, name: str, *, npy: bool = False) -> bytes | str:
+    """Everything ``stream`` holds, refused beyond :data:`MAX_INPUT_BYTES`; a binary
+    stream that is not a .npy array is refused at its first chunk, not at its end."""
+    chunks, size = [], 0
+    while True:
+        chunk = stream.read(_CHUNK)
+        if not chunk:
+            break
+        if not chunks and isinstance(chunk, bytes) and not _NPY_MAGIC.startswith(chunk[:6]):
+            if npy:  # a .npy suffix promises the header
+                _refuse_not_npy(name)
+            _refuse_binary(chunk, name)
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > MAX_INPUT_BYTES:
+            raise SeraOptError(
+                f"{name} is larger than {_size(MAX_INPUT_BYTES)}, the most sera-opt allocate "
+                f"reads; is it the right file? Split the prompts into batches, or call "
+                f"sera_opt.allocate from Python for larger inputs."
+            )
+    if not chunks:
+        return b""
+    return chunks[0][:0].join(chunks)
+
+
+def _size(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} bytes"
+
+
+def _refuse_binary(data: bytes, name: str) -> None:
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise SeraOptError(f"{name} is UTF-16 text; save it as UTF-8 (or {_FORMATS_HINT}).")
+    if b"\x00" in data:
+        raise SeraOptError(f"{name} is a binary file, not text; {_FORMATS_HINT}.")
+
+
 def _decode(data: bytes | str, name: str) -> str:
     if isinstance(data, bytes):
-        if data.startswith((b"\xff\xfe", b"\xfe\xff")):
-            raise SeraOptError(f"{name} is UTF-16 text; save it as UTF-8 (or {_FORMATS_HINT}).")
-        if b"\x00" in data:
-            raise SeraOptError(f"{name} is a binary file, not text; {_FORMATS_HINT}.")
+        _refuse_binary(data, name)
         try:
             data = data.decode("utf-8-sig")
         except UnicodeDecodeError as exc:
@@ -230,9 +296,39 @@ def _fits_float(value: int) -> bool:
     return True
 
 
+class _JSONRefusal(Exception):
+    """A JSON value that json.loads takes but a list of probabilities should not hold."""
+
+
+def _json_constant(word: str):
+    raise _JSONRefusal(f"{word} is not valid JSON and not a probability; estimate missing "
+                       f"probabilities first (for example with sera_opt.SuccessTracker)")
+
+
+def _json_float(text: str) -> float:
+    value = float(text)
+    if value == 0 and _underflows(text):
+        raise _JSONRefusal(f"the number {text} is too small for a float64 and would read as 0; "
+                           f"write 0 if that is what is meant")
+    return value + 0.0  # -0 is 0
+
+
+def _json_object(pairs):
+    keys = [k for k, _ in pairs]
+    repeated = sorted({k for k in keys if keys.count(k) > 1})
+    if repeated:
+        # json.loads keeps the last silently; the first may be the one meant.
+        raise _JSONRefusal(f"the key {repeated[0]!r} appears {keys.count(repeated[0])} times in "
+                           f"one object; keep one")
+    return dict(pairs)
+
+
 def _from_json(text: str, name: str) -> np.ndarray:
     try:
-        obj = json.loads(text)
+        obj = json.loads(text, parse_constant=_json_constant, parse_float=_json_float,
+                         object_pairs_hook=_json_object)
+    except _JSONRefusal as exc:
+        raise SeraOptError(f"{name}: {exc}.") from None
     except json.JSONDecodeError as exc:
         raise SeraOptError(
             f"{name} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}; "
@@ -280,6 +376,36 @@ def _from_json(text: str, name: str) -> np.ndarray:
         ) from None
 
 
+def _looks_numeric(cell: str) -> bool:
+    """A cell that is meant as a number, even if it is not written as one (0,5 or nan):
+    a first row holding one is data, to be reported, not a header to be skipped."""
+    return _is_number(cell) or _DECIMAL_COMMA.fullmatch(cell) is not None
+
+
+def _not_a_probability(cell: str) -> str:
+    """Why a table cell is refused, for the message."""
+    cell = cell.strip(" \t")
+    if not cell:
+        return "is empty"
+    if _DECIMAL_COMMA.fullmatch(cell):
+        return (f"holds {cell!r}, a decimal comma; write {cell.replace(',', '.')!r} "
+                f"(a point) instead")
+    if _is_number(cell):
+        low = cell.lower()
+        if "nan" in low or "inf" in low:
+            return (f"holds {cell!r}, which is not a probability; estimate it first (for "
+                    f"example with sera_opt.SuccessTracker)")
+        if "_" in cell:
+            return f"holds {cell!r}; write numbers without underscores ({cell.replace('_', '')!r})"
+        if not cell.isascii():
+            return (f"holds {cell!r}, with characters that are not ASCII; write the number "
+                    f"in ASCII digits")
+        if _CELL.fullmatch(cell) and _underflows(cell):
+            return (f"holds {cell!r}, which is too small for a float64 and would read as 0; "
+                    f"write 0 if that is what is meant")
+    return f"holds {cell!r}, which is not a number"
+
+
 def _is_number(cell: str) -> bool:
     try:
         float(cell)
@@ -289,6 +415,22 @@ def _is_number(cell: str) -> bool:
 
 
 _FIRST_LINE = re.compile(r"\S[^\n\r]*")
+# A line whose first non-blank character is #: no number or JSON text starts with one.
+_COMMENT = re.compile(r"^[^\S\n\r]*#[^\n\r]*", re.MULTILINE)
+# What a cell of probabilities may hold: a decimal number in ASCII, optionally signed and
+# surrounded by blanks. Python's float() takes more (underscores, nan, inf, non-ASCII
+# digits), none of which belongs in a CSV of probabilities.
+_NUMBER = r"[ \t]*[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?[ \t]*"
+_CELL = re.compile(_NUMBER, re.ASCII)
+# float() has taken every cell when this is asked, so a cell of only these characters
+# is a decimal number as _CELL writes it (one scan of the text, not one match per cell).
+_NOT_DECIMAL = re.compile(r"[^0-9eE.+\- \t]")
+_DECIMAL_COMMA = re.compile(r"[ \t]*[+-]?[0-9]*,[0-9]+[ \t]*", re.ASCII)
+
+
+def _underflows(number: str) -> bool:
+    """Whether a decimal number that float() read as 0 is not 0 (1e-400, 0.001e-400)."""
+    return re.search(r"[1-9]", re.split(r"[eE]", number, maxsplit=1)[0]) is not None
 # Two fields on one line of a file without delimiters.
 _TWO_FIELDS = re.compile(r"\S[^\S\n]+\S")
 
@@ -325,11 +467,20 @@ def _line_number(text: str, delimiter: str | None, k: int) -> int:
 
 
 def _parse_floats(cells: list[str]) -> np.ndarray | int:
-    """The cells as float64, or the index of the first cell that is not a number."""
+    """The cells as float64, or the index of the first cell that is not a decimal number
+    in ASCII, or one that is not 0 but reads as 0 (1e-400)."""
     try:
-        return np.fromiter(map(float, cells), dtype=np.float64, count=len(cells))
+        values = np.fromiter(map(float, cells), dtype=np.float64, count=len(cells))
     except ValueError:
         return next(k for k, cell in enumerate(cells) if not _is_number(cell))
+    if _NOT_DECIMAL.search("".join(cells)):
+        return next(k for k, cell in enumerate(cells) if not _CELL.fullmatch(cell))
+    zeros = np.flatnonzero(values == 0)
+    for k in zeros:
+        if _underflows(cells[k]):
+            return int(k)
+    values[zeros] = 0.0  # -0 is 0; a -0.0 would show in the summary's factors
+    return values
 
 
 def _from_table(text: str, name: str, column: str | None) -> np.ndarray:
@@ -338,7 +489,7 @@ def _from_table(text: str, name: str, column: str | None) -> np.ndarray:
         # rows. Only a clean read returns here; anything to report goes through the
         # row-by-row reader below, which is the reference (tests compare the two).
         tokens = text.split()
-        has_header = not _is_number(tokens[0])
+        has_header = not _looks_numeric(tokens[0]) or tokens[0] == column
         data = tokens[1:] if has_header else tokens
         if data and (column is None or (has_header and column == tokens[0])):
             values = _parse_floats(data)
@@ -356,7 +507,9 @@ def _from_table_rows(text: str, name: str, column: str | None) -> np.ndarray:
     # A first row without a single number is a header; one with numbers is data, so a
     # mistyped value is reported instead of being taken for a column name.
     first = [c.strip() for c in rows[0]]
-    header = None if any(_is_number(c) for c in first) else first
+    # A name given with --column marks its row as the header even if it reads as a number.
+    numeric = any(_looks_numeric(c) for c in first) and (column is None or column not in first)
+    header = None if numeric else first
     skip = 0 if header is None else 1  # rows before the data
     data = rows[skip:]
     columns = None if header is None else ", ".join(repr(c) for c in header[:20]) + (
@@ -395,7 +548,8 @@ def _from_table_rows(text: str, name: str, column: str | None) -> np.ndarray:
             raise SeraOptError(
                 f"{name} is a table of {len(data)} rows and {width} columns with no header row, "
                 f"so it does not say which column holds the probabilities; add a header row and "
-                f"pass --column NAME, or give one probability per line"
+                f"pass --column NAME (a header may name a column with a number: pass it as "
+                f"--column too), or give one probability per line"
                 f"{' (decimal commas: write 0.5, not 0,5)' if delimiter == ',' else ''}."
             )
     else:
@@ -419,10 +573,8 @@ def _from_table_rows(text: str, name: str, column: str | None) -> np.ndarray:
             return f"line {line(k)}, column {header[index]!r}"
     values = _parse_floats(cells)
     if not isinstance(values, np.ndarray):
-        cell = cells[values].strip()
-        what = "is empty" if not cell else f"holds {cell!r}, which is not a number"
-        raise SeraOptError(f"{name}: {place(values)} {what}; every prompt needs a success "
-                           f"probability.")
+        raise SeraOptError(f"{name}: {place(values)} {_not_a_probability(cells[values])}; "
+                           f"every prompt needs a success probability.")
     return values
 
 
@@ -450,6 +602,11 @@ def _whole_number(text: str) -> int:
     return int(value)
 
 
+def _shortened(text: str, width: int = 60) -> str:
+    """``text`` for a message: a value pasted by mistake can be megabytes long."""
+    return text if len(text) <= width else f"{text[:width - 20]}...({len(text)} characters)"
+
+
 def _option_value(key: str, text: str):
     try:
         return ast.literal_eval(text)
@@ -464,8 +621,8 @@ def _option_value(key: str, text: str):
     if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.\-]*", text):
         return text  # a bare name, such as a solver's, needs no quotes
     raise SeraOptError(
-        f"--option {key}={text}: the value is not a Python literal; write a number, True, "
-        f"False, None, a quoted string or a list such as [1, 2]."
+        f"--option {key}={_shortened(text)}: the value is not a Python literal; write a "
+        f"number, True, False, None, a quoted string or a list such as [1, 2]."
     )
 
 
@@ -512,7 +669,19 @@ def _build_policy(args):
                                f"drop --solver (or use --policy sera).")
         kwargs["solver"] = args.solver
     try:
-        return get_policy(name, **kwargs)
+        with warnings.catch_warnings():
+            # An option that the policy or its solver ignores was typed for a reason:
+            # refuse it instead of printing Python's warning and running without it.
+            warnings.simplefilter("error", SeraOptWarning)
+            return get_policy(name, **kwargs)
+    except SeraOptWarning as exc:
+        takes = [n for n in cls.all_option_names() if n not in _OPTION_FLAGS]
+        raise SeraOptError(
+            f"{_one_line(exc).rstrip('.')}, so --option would have no effect; remove it. "
+            f"Policy {name!r} takes --option {', '.join(takes) or '(none)'} "
+            f"(and --min, --max, --offset"
+            f"{', --solver' if issubclass(cls, SERAPolicy) else ''})."
+        ) from None
     except SeraOptError:
         raise
     except (TypeError, ValueError) as exc:
@@ -524,11 +693,24 @@ def _build_policy(args):
 # ----------------------------------------------------------------------------- allocate
 
 
-def _check_destination(destination: str | None) -> None:
+def _check_destination(destination: str | None, source: str = "-") -> None:
     """Refuse an output path that cannot be written before any work is done."""
     if destination in (None, "-"):
+        if sys.stdout is None:  # started with stdout closed (`>&-`)
+            raise SeraOptError("stdout is closed, so the counts have nowhere to go; write them "
+                               "to a file with -o FILE, or leave stdout open.")
         return
+    if not destination.strip():
+        raise SeraOptError("-o is given an empty name; give the file for the counts, e.g. "
+                           "-o counts.csv, or drop -o to write them to stdout.")
     path = Path(destination)
+    try:
+        same = source != "-" and path.exists() and os.path.samefile(source, path)
+    except OSError:
+        same = False
+    if same:
+        raise SeraOptError(f"-o {destination!r} is the input file; writing the counts there "
+                           f"would replace the probabilities. Choose another file for -o.")
     if path.is_dir():
         raise SeraOptError(f"-o {destination!r} is a folder; give a file name in it, e.g. "
                            f"{str(path / 'counts.csv')!r}.")
@@ -547,8 +729,16 @@ def _check_destination(destination: str | None) -> None:
 
 def _write_output(text: str, destination: str | None) -> None:
     if destination in (None, "-"):
-        sys.stdout.write(text)
-        sys.stdout.flush()  # a closed pipe is reported here, not at interpreter exit
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()  # a closed pipe is reported here, not at interpreter exit
+        except BrokenPipeError:
+            raise  # the reader went away: main stops quietly
+        except (OSError, ValueError) as exc:  # a full disk, a closed descriptor
+            raise SeraOptError(
+                f"cannot write the counts to stdout: {getattr(exc, 'strerror', None) or exc}; "
+                f"write them to a file with -o FILE instead."
+            ) from None
         return
     try:
         with open(destination, "w", encoding="utf-8") as f:
@@ -583,7 +773,7 @@ def _cmd_allocate(args) -> int:
     if (args.budget is None) == (args.per_prompt is None):
         raise SeraOptError("give exactly one of --budget and --per-prompt.")
     policy = _build_policy(args)
-    _check_destination(args.output)
+    _check_destination(args.output, args.input)
     probs = read_success_probs(args.input, column=args.column)
     budget = args.budget if args.budget is not None else args.per_prompt * len(probs)
     with warnings.catch_warnings():
@@ -607,24 +797,84 @@ def _cmd_allocate(args) -> int:
         bounds = (f"at least {s['min_rollouts']} rollouts per prompt, no cap"
                   if s["max_rollouts"] is None
                   else f"{s['min_rollouts']} to {s['max_rollouts']} rollouts per prompt")
-        print(
+        _stderr(
             f"{s['prompts']} prompts, budget {s['budget']}, {what}, {bounds}: "
             f"min factor {s['min_factor']:.4f}, "
             f"spread {s['factor_spread']:.4f} (uniform: min {s['uniform_min_factor']:.4f}, "
-            f"spread {s['uniform_factor_spread']:.4f})",
-            file=sys.stderr,
+            f"spread {s['uniform_factor_spread']:.4f})"
         )
     return 0
 
 
+def _out_option(rest: list[str]) -> str | None:
+    """The value of the last ``--out`` in a benchmark's arguments (argparse keeps the last)."""
+    value = None
+    for i, word in enumerate(rest):
+        if word == "--":
+            break
+        if word == "--out" and i + 1 < len(rest):
+            value = rest[i + 1]
+        elif word.startswith("--out="):
+            value = word.partition("=")[2]
+    return value
+
+
+def _check_results_folder(folder: str, command: str) -> None:
+    """Refuse a results folder that cannot be created or written, before a run of minutes."""
+    path = Path(folder)
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing == path and not path.is_dir():
+        raise SeraOptError(f"{command} --out {folder!r} is a file; give a folder for the "
+                           f"results (it is created if missing).")
+    if not existing.is_dir():
+        raise SeraOptError(f"{command} cannot create the folder {folder!r}: {str(existing)!r} "
+                           f"is a file, not a folder; choose another --out.")
+    try:  # os.access says yes to root, and to a read-only file system
+        tempfile.TemporaryFile(dir=existing).close()
+    except OSError as exc:
+        raise SeraOptError(f"{command} cannot write into {str(existing)!r} "
+                           f"({exc.strerror or exc}), so the results of --out {folder!r} would "
+                           f"be lost after the run; choose another --out.") from None
+
+
+def _wants_help(rest: list[str]) -> bool:
+    options = rest[:rest.index("--")] if "--" in rest else rest
+    return "-h" in options or "--help" in options
+
+
+class _OneLineErrors:
+    """Make the benchmarks' own argument errors one line, exit status 2, like sera-opt's:
+    their parsers are plain argparse ones, which print the whole usage first."""
+
+    def __enter__(self):
+        self._saved = argparse.ArgumentParser.error
+        argparse.ArgumentParser.error = _Parser.error
+        return self
+
+    def __exit__(self, *exc):
+        argparse.ArgumentParser.error = self._saved
+        return False
+
+
 def _cmd_bench(args, rest) -> int:
+    if not _wants_help(rest):
+        out = _out_option(rest)
+        _check_results_folder(BENCH_DEFAULT_OUT if out is None else out,
+                              f"sera-opt bench {args.name}")
     module = import_module(f"sera_opt.benchmarks.{args.name.replace('-', '_')}")
-    return int(module.main(rest) or 0)
+    with _OneLineErrors():
+        return int(module.main(rest) or 0)
 
 
 def _cmd_demo(args, rest) -> int:
+    out = _out_option(rest)
+    if out is not None and not _wants_help(rest):
+        _check_results_folder(out, "sera-opt demo")
     module = import_module("sera_opt.benchmarks.alignment")
-    return int(module.demo(rest) or 0)
+    with _OneLineErrors():
+        return int(module.demo(rest) or 0)
 
 
 # ----------------------------------------------------------------------------- main
@@ -766,6 +1016,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _stderr(line: str) -> None:
+    """Print one line on stderr; with stderr closed (`2>&-`) only the exit status speaks
+    (the summary is not worth failing a run whose counts were written)."""
+    if sys.stderr is None:
+        return
+    try:
+        print(line, file=sys.stderr)
+    except (OSError, ValueError):
+        pass
+
+
 def _one_line(message) -> str:
     return " ".join(part.strip() for part in str(message).splitlines() if part.strip())
 
@@ -778,16 +1039,15 @@ def _report_unexpected(exc: BaseException) -> None:
         where = f"the traceback is in {path}"
     except OSError:
         where = "rerun as `sera-opt --traceback ...` to see the traceback"
-    print(f"sera-opt: unexpected error: {type(exc).__name__}: {_one_line(exc)} ({where}; "
-          f"this is a bug in sera_opt, please report it with the command that caused it)",
-          file=sys.stderr)
+    _stderr(f"sera-opt: unexpected error: {type(exc).__name__}: {_one_line(exc)} ({where}; "
+            f"this is a bug in sera_opt, please report it with the command that caused it)")
 
 
 def _exit_status(exc: SystemExit) -> int:
     """The status ``sys.exit`` would give: a message is printed and means 1, as in Python."""
     if exc.code is None or isinstance(exc.code, int):
         return int(exc.code or 0)
-    print(exc.code, file=sys.stderr)
+    _stderr(str(exc.code))
     return 1
 
 
@@ -813,10 +1073,10 @@ def main(argv=None) -> int:
     except SystemExit as exc:  # an argument error, or a benchmark's own parser
         return _exit_status(exc)
     except (SeraOptError, SeraOptWarning) as exc:
-        print(f"sera-opt: error: {_one_line(exc)}", file=sys.stderr)
+        _stderr(f"sera-opt: error: {_one_line(exc)}")
         return 2
     except KeyboardInterrupt:
-        print("sera-opt: interrupted", file=sys.stderr)
+        _stderr("sera-opt: interrupted")
         return 130
     except BrokenPipeError:
         # The reader of stdout went away (`sera-opt allocate ... | head`): stop quietly,
@@ -832,9 +1092,9 @@ def main(argv=None) -> int:
         if (exc.name or "sera_opt").partition(".")[0] == "sera_opt":
             _report_unexpected(exc)  # a module of sera_opt itself is missing: a broken install
             return 1
-        print(f"sera-opt: error: this command needs a module that is not installed: "
-              f"{_one_line(exc)}; install it (the benchmarks and the demo need the [bench] "
-              f"extras: pip install \".[bench]\").", file=sys.stderr)
+        _stderr(f"sera-opt: error: this command needs a module that is not installed: "
+                f"{_one_line(exc)}; install it (the benchmarks and the demo need the [bench] "
+                f"extras: pip install \".[bench]\").")
         return 1
     except Exception as exc:
         if args.traceback:

@@ -224,10 +224,10 @@ def test_folder_as_input(tmp_path, capsys):
 def test_unreadable_input(tmp_path, capsys, monkeypatch):
     src = write(tmp_path, "p.csv", "0.5\n")
 
-    def denied(self):
+    def denied(self, *args, **kwargs):
         raise PermissionError(13, "Permission denied", str(self))
 
-    monkeypatch.setattr("pathlib.Path.read_bytes", denied)
+    monkeypatch.setattr("pathlib.Path.open", denied)
     code, _, err = run(["allocate", src, "--budget", "12"], capsys)
     assert_one_line_error(code, err, "permission denied")
 
@@ -347,8 +347,8 @@ def test_several_columns_need_column(tmp_path, capsys):
         ("", None, "is empty"),
         (" \n\t\n", None, "is empty"),
         (",,\n,\n", None, "only empty fields"),
-        ("p\n0.5\nnan\n", None, "non-finite"),
-        ("p\n0.5\ninf\n", None, "non-finite"),
+        ("p\n0.5\nnan\n", None, "holds 'nan', which is not a probability"),
+        ("p\n0.5\ninf\n", None, "holds 'inf', which is not a probability"),
         ("p\n0.5\n1.5\n", None, "must lie in [0, 1]"),
     ],
 )
