@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -44,6 +45,12 @@ class RolloutPlanner:
     also receives the Beta posteriors. :meth:`observe` feeds the rewards of the
     rollouts back into the tracker.
 
+    Thread safety: a planner may be shared between threads (``observe`` from
+    a callback while the loop calls ``plan``). Its lock covers the swap in
+    :meth:`load_state_dict` and the reads of :meth:`plan` and
+    :meth:`state_dict`; the tracker holds its own lock around its state. The
+    solve in :meth:`plan` runs outside the lock, on the call's own estimates.
+
     Parameters
     ----------
     policy : str or AllocationPolicy, optional
@@ -68,6 +75,18 @@ class RolloutPlanner:
                 f"tracker must be a sera_opt.SuccessTracker, got {type(tracker).__name__}."
             )
         self.tracker = tracker
+        self._lock = threading.RLock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A lock cannot be pickled; the copy gets its own (see __setstate__).
+        with self._lock:
+            state = self.__dict__.copy()
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
 
     @property
     def uses_posterior(self) -> bool:
@@ -94,31 +113,39 @@ class RolloutPlanner:
         Allocation
             ``counts[j]`` is the number of rollouts for ``prompt_ids[j]``.
         """
-        if self.uses_posterior:
-            if "posterior" in allocate_options:
-                raise SeraOptError(
-                    "the planner passes the tracker's posterior itself; do not pass posterior=."
-                )
-            allocate_options["posterior"] = self.tracker.posterior(prompt_ids)
-            success_probs = None
-        else:
-            success_probs = self.tracker.estimate(prompt_ids)
-        self.policy._check_inputs(allocate_options)
-        return self.policy.allocate(success_probs, budget, min_rollouts=min_rollouts,
-                                    max_rollouts=max_rollouts, **allocate_options)
+        with self._lock:
+            # The policy and the tracker of one state (load_state_dict swaps both).
+            policy, tracker = self.policy, self.tracker
+            if "posterior" in policy.extra_inputs:
+                if "posterior" in allocate_options:
+                    raise SeraOptError(
+                        "the planner passes the tracker's posterior itself; do not pass "
+                        "posterior=."
+                    )
+                allocate_options["posterior"] = tracker.posterior(prompt_ids)
+                success_probs = None
+            else:
+                success_probs = tracker.estimate(prompt_ids)
+        # The estimates are this call's own arrays: the solve needs no lock.
+        policy._check_inputs(allocate_options)
+        return policy.allocate(success_probs, budget, min_rollouts=min_rollouts,
+                               max_rollouts=max_rollouts, **allocate_options)
 
     def observe(self, prompt_ids, rewards) -> RolloutPlanner:
         """Record rollout outcomes (one entry per rollout); see :meth:`SuccessTracker.update`."""
-        self.tracker.update(prompt_ids, rewards)
+        with self._lock:
+            tracker = self.tracker
+        tracker.update(prompt_ids, rewards)  # the tracker holds its own lock
         return self
 
     def state_dict(self) -> dict[str, Any]:
         """The policy's configuration and the tracker's state, for checkpoints."""
-        return {
-            "format": _FORMAT,
-            "policy": self.policy.config(),
-            "tracker": self.tracker.state_dict(),
-        }
+        with self._lock:
+            return {
+                "format": _FORMAT,
+                "policy": self.policy.config(),
+                "tracker": self.tracker.state_dict(),
+            }
 
     def load_state_dict(self, state: Mapping[str, Any], **objects: Any) -> RolloutPlanner:
         """Restore a :meth:`state_dict`, all or nothing: the tracker exactly, and the
@@ -142,10 +169,11 @@ class RolloutPlanner:
             tracker_state = state["tracker"]
         except (KeyError, TypeError) as exc:
             raise SeraOptError(f"malformed RolloutPlanner state: missing {exc}.") from None
-        policy = policy_from_config(config, **self._current_objects(config, objects))
-        tracker = SuccessTracker.from_state_dict(tracker_state)
-        # Both built and checked: swap them in together.
-        self.policy, self.tracker = policy, tracker
+        with self._lock:
+            policy = policy_from_config(config, **self._current_objects(config, objects))
+            tracker = SuccessTracker.from_state_dict(tracker_state)
+            # Both built and checked: swap them in together.
+            self.policy, self.tracker = policy, tracker
         return self
 
     def _current_objects(self, config, objects: dict[str, Any]) -> dict[str, Any]:

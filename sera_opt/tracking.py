@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import threading
 from typing import Any
 
 import numpy as np
@@ -155,6 +156,14 @@ class SuccessTracker:
     ``str`` is converted to such an array on each call. Strings that end in
     ``"\\x00"`` are rejected (numpy strings cannot hold them).
 
+    Thread safety: a tracker may be shared between threads. A re-entrant
+    lock is held around every change of the state (:meth:`update`,
+    :meth:`load_state_dict`) and every read of it (:meth:`estimate`,
+    :meth:`posterior`, :meth:`evidence`, :meth:`prior_params`, ``len``,
+    :attr:`step`, :meth:`state_dict`), so concurrent calls are serialized and
+    each sees one consistent state; a copy (``pickle``, ``copy.deepcopy``)
+    gets a lock of its own.
+
     Parameters
     ----------
     prior : "fit" or (float, float), default "fit"
@@ -192,6 +201,19 @@ class SuccessTracker:
         self._evidence = BetaEvidence(self.decay, fit=self.prior == "fit",
                                       size=self._index.size)
         self._fitted: tuple[float, float] | None = None
+        self._lock = threading.RLock()
+
+    # ------------------------------------------------------------------ threads, copies
+    def __getstate__(self) -> dict[str, Any]:
+        # A lock cannot be pickled; the copy gets its own (see __setstate__).
+        with self._lock:
+            state = self.__dict__.copy()
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
 
     # ------------------------------------------------------------------ config
     def _apply_config(self, config: dict[str, Any]) -> None:
@@ -258,39 +280,45 @@ class SuccessTracker:
         """
         # Everything that can reject the batch runs before anything is mutated.
         parsed = parse_prompt_ids(prompt_ids)
-        successes = self._rewards(rewards, parsed.count)
-        slots, missing = self._index.lookup(parsed)
-        if missing:
-            self._evidence.reserve(missing)
-            self._index.insert(parsed, slots, missing)
-        self._fitted = None
-        self._evidence.update(slots, successes, self._index.size)
+        with self._lock:
+            # The lookup and the insert of new ids are one step: another thread
+            # must not insert the same new id in between.
+            successes = self._rewards(rewards, parsed.count)
+            slots, missing = self._index.lookup(parsed)
+            if missing:
+                self._evidence.reserve(missing)
+                self._index.insert(parsed, slots, missing)
+            self._fitted = None
+            self._evidence.update(slots, successes, self._index.size)
         return self
-
-    def _slots(self, prompt_ids) -> np.ndarray:
-        return self._index.lookup(parse_prompt_ids(prompt_ids))[0]
 
     def evidence(self, prompt_ids) -> tuple[np.ndarray, np.ndarray]:
         """The decayed ``(successes, failures)`` of each prompt (0 for unseen ones)."""
-        return self._evidence.read(self._slots(prompt_ids))
+        parsed = parse_prompt_ids(prompt_ids)
+        with self._lock:
+            return self._evidence.read(self._index.lookup(parsed)[0])
 
     # ------------------------------------------------------------------ prior
     def prior_params(self) -> tuple[float, float]:
         """The Beta prior ``(alpha0, beta0)`` in use (O(1); cached until the next update)."""
-        if self.prior != "fit":
-            return self.prior
-        if self._fitted is None:
-            self._fitted = fit_beta_prior(
-                self._evidence.moments(), fallback_prior=self.fallback_prior,
-                min_prior_strength=self.min_prior_strength,
-                max_prior_strength=self.max_prior_strength, min_fit_prompts=self.min_fit_prompts)
-        return self._fitted
+        with self._lock:
+            if self.prior != "fit":
+                return self.prior
+            if self._fitted is None:
+                self._fitted = fit_beta_prior(
+                    self._evidence.moments(), fallback_prior=self.fallback_prior,
+                    min_prior_strength=self.min_prior_strength,
+                    max_prior_strength=self.max_prior_strength,
+                    min_fit_prompts=self.min_fit_prompts)
+            return self._fitted
 
     # ------------------------------------------------------------------ reads
     def posterior(self, prompt_ids) -> tuple[np.ndarray, np.ndarray]:
         """Beta posterior ``(alpha, beta)`` of each prompt's success probability (float64)."""
-        a0, b0 = self.prior_params()
-        s, f = self.evidence(prompt_ids)
+        parsed = parse_prompt_ids(prompt_ids)
+        with self._lock:  # the prior and the evidence of one state
+            a0, b0 = self.prior_params()
+            s, f = self._evidence.read(self._index.lookup(parsed)[0])
         return a0 + s, b0 + f
 
     def estimate(self, prompt_ids) -> np.ndarray:
@@ -300,21 +328,27 @@ class SuccessTracker:
         where rounding alone would reach 0 or 1 (overwhelming evidence against
         a tiny prior), it is held one floating-point step inside.
         """
-        a0, b0 = self.prior_params()
-        return self._evidence.means(self._slots(prompt_ids), a0, b0, _LOWEST, _HIGHEST)
+        parsed = parse_prompt_ids(prompt_ids)
+        with self._lock:
+            a0, b0 = self.prior_params()
+            slots = self._index.lookup(parsed)[0]
+            return self._evidence.means(slots, a0, b0, _LOWEST, _HIGHEST)
 
     def __len__(self) -> int:
         """Number of prompts with a slot (seen at least once, or ``num_prompts``)."""
-        return int(self._index.size)
+        with self._lock:
+            return int(self._index.size)
 
     @property
     def step(self) -> int:
         """Number of :meth:`update` calls so far (the decay clock)."""
-        return self._evidence.step
+        with self._lock:
+            return self._evidence.step
 
     def __repr__(self) -> str:
-        return (f"SuccessTracker(prompts={len(self)}, step={self.step}, prior={self.prior!r}, "
-                f"decay={self.decay!r})")
+        with self._lock:
+            return (f"SuccessTracker(prompts={len(self)}, step={self.step}, "
+                    f"prior={self.prior!r}, decay={self.decay!r})")
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -324,12 +358,16 @@ class SuccessTracker:
         holds the prior's running sums (``prior_moments``), so a restored
         tracker continues bit for bit.
         """
-        evidence = self._evidence.state()
+        with self._lock:  # one consistent snapshot
+            evidence = self._evidence.state()
+            config = self._config()
+            kind = self._index.kind
+            keys = self._index.keys()
         state = {
             "format": _FORMAT,
-            "config": self._config(),
-            "id_kind": self._index.kind,
-            "keys": self._index.keys(),
+            "config": config,
+            "id_kind": kind,
+            "keys": keys,
             "successes": evidence["successes"],
             "failures": evidence["failures"],
             "last_step": evidence["last_step"],
@@ -398,6 +436,7 @@ class SuccessTracker:
         tracker._index = index
         tracker._evidence = evidence
         tracker._fitted = None
+        tracker._lock = threading.RLock()
         return tracker
 
     def load_state_dict(self, state: dict[str, Any]) -> SuccessTracker:
@@ -409,6 +448,7 @@ class SuccessTracker:
         exactly as it was.
         """
         restored = type(self).from_state_dict(state)
-        for name in self._STATE_ATTRIBUTES:
-            setattr(self, name, getattr(restored, name))
+        with self._lock:
+            for name in self._STATE_ATTRIBUTES:
+                setattr(self, name, getattr(restored, name))
         return self
