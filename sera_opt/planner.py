@@ -11,10 +11,11 @@
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from .exceptions import SeraOptError
+from .exceptions import SeraOptError, SeraOptWarning
 from .policies import AllocationPolicy, get_policy, policy_from_config
 from .result import Allocation
 from .tracking import SuccessTracker
@@ -112,6 +113,14 @@ class RolloutPlanner:
         -------
         Allocation
             ``counts[j]`` is the number of rollouts for ``prompt_ids[j]``.
+
+        Warns
+        -----
+        SeraOptWarning
+            When an id occurs more than once in ``prompt_ids``. Each row is
+            then planned as a prompt of its own (same estimate, its own count,
+            its own ``min_rollouts``), so the prompt receives the sum of its
+            rows' counts; :meth:`observe` pools all their rollouts.
         """
         with self._lock:
             # The policy and the tracker of one state (load_state_dict swaps both).
@@ -126,6 +135,14 @@ class RolloutPlanner:
                 success_probs = None
             else:
                 success_probs = tracker.estimate(prompt_ids)
+        repeats, examples = SuccessTracker._repeated_ids(prompt_ids)
+        if repeats:
+            warnings.warn(
+                f"prompt_ids repeats {repeats} prompt id(s) within one plan() call (for example "
+                f"{', '.join(repr(e) for e in examples)}): each row is planned as a prompt of "
+                f"its own, with the same estimate, and gets its own count, so the prompt "
+                f"receives the sum of its rows' counts (at least min_rollouts per row). Pass "
+                f"each prompt once to plan it once.", SeraOptWarning, stacklevel=2)
         # The estimates are this call's own arrays: the solve needs no lock.
         policy._check_inputs(allocate_options)
         return policy.allocate(success_probs, budget, min_rollouts=min_rollouts,

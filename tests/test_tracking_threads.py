@@ -112,7 +112,7 @@ def test_concurrent_observe_and_plan_through_one_planner(kind):
         rng = np.random.default_rng(7)
         try:
             while not done.is_set():
-                ids = _ids(kind, rng, int(rng.integers(0, ROUNDS)))[:8]
+                ids = np.unique(_ids(kind, rng, int(rng.integers(0, ROUNDS))))[:8]
                 counts = planner.plan(ids, budget=8 * 4).counts
                 assert counts.sum() == 32
                 planner.tracker.state_dict()
