@@ -1,6 +1,6 @@
 """The object a training loop holds: estimates before sampling, evidence after.
 
-    planner = sera_opt.RolloutPlanner(max_rollouts=32)   # the default policy: sera-fair, alpha 1
+    planner = sera_opt.RolloutPlanner(max_rollouts=32)   # sera-fair, alpha 1, offset 1, min 2
     for batch in loader:
         alloc = planner.plan(batch.prompt_ids, budget=8 * len(batch))
         rollouts = sample(batch, alloc.counts)              # the trainer's job
@@ -32,8 +32,12 @@ _FORMAT_V1 = "sera_opt.RolloutPlanner/1"
 #: policy at alpha = 1, chosen by the rule written down before the report runs
 #: (docs/benchmarks.md): not significantly below uniform allocation anywhere, and the
 #: best mean rank at pass@64; SERA's max-min ("sera") lost clearly on the hard mazes.
+#: The offset and the minimum are those of the estimator's default
+#: (``maxrl_advantages(estimator="mean_centred")``: offset c = 1, and a prompt needs at
+#: least 2 rollouts to carry a signal), so the default planner and the default
+#: estimator agree; pass ``offset=0, min_rollouts=1`` for ``"success_average"``.
 DEFAULT_POLICY = "sera-fair"
-DEFAULT_POLICY_OPTIONS: dict[str, Any] = {"alpha": 1.0}
+DEFAULT_POLICY_OPTIONS: dict[str, Any] = {"alpha": 1.0, "offset": 1, "min_rollouts": 2}
 
 
 class RolloutPlanner:
@@ -56,7 +60,11 @@ class RolloutPlanner:
     ----------
     policy : str or AllocationPolicy, optional
         A registered policy name (see :func:`sera_opt.available_policies`) or
-        an instance. None: :data:`DEFAULT_POLICY` with :data:`DEFAULT_POLICY_OPTIONS`.
+        an instance. None: :data:`DEFAULT_POLICY` with :data:`DEFAULT_POLICY_OPTIONS`
+        (``sera-fair`` at alpha 1, ``offset=1``, ``min_rollouts=2``: the pairing
+        for the default ``maxrl_advantages`` estimator). A named policy takes its
+        own defaults (offset 0, ``min_rollouts=1``): pass ``offset`` and
+        ``min_rollouts`` for the estimator you use.
     tracker : SuccessTracker, optional
         Defaults to ``SuccessTracker()`` (fitted prior, no forgetting).
     **policy_options
