@@ -338,11 +338,19 @@ class SuccessTracker:
     def _repeated_ids(prompt_ids) -> tuple[int, list]:
         """How many distinct ids occur more than once in ``prompt_ids``, and up to three of them.
 
-        Reads no tracker state: the ids go into a scratch index (one hash pass, no sort).
+        Reads no tracker state. Integers are sorted (several times faster than hashing
+        them); strings go into a scratch index (one hash pass).
         """
         parsed = parse_prompt_ids(prompt_ids)
         if parsed.count < 2:
             return 0, []
+        if parsed.kind == "int":
+            ordered = np.sort(parsed.values)
+            same = ordered[1:] == ordered[:-1]
+            if not same.any():
+                return 0, []
+            repeated = np.unique(ordered[1:][same])
+            return int(repeated.size), repeated[:3].tolist()
         scratch = PromptIndex()
         slots, missing = scratch.lookup(parsed)
         scratch.insert(parsed, slots, missing)
