@@ -218,7 +218,7 @@ def _slot_values(groups, offset: int, multiplicity_correction: bool):
 def maxrl_advantages(rewards, prompt_index, *, estimator: str = "mean_centred",
                      multiplicity_correction: bool = True, success_threshold=None,
                      num_prompts=None, process_group=None, validate: bool = True,
-                     dtype=None) -> torch.Tensor:
+                     dtype=None, allocation=None) -> torch.Tensor:
     """One MaxRL advantage per rollout, optionally multiplicity-corrected.
 
     With ``K_i`` successes among the ``n_i`` rollouts of prompt ``i``,
@@ -256,6 +256,12 @@ def maxrl_advantages(rewards, prompt_index, *, estimator: str = "mean_centred",
     dtype : torch.dtype, optional
         Floating dtype of the result. Default: that of ``rewards`` if floating,
         else :func:`torch.get_default_dtype`.
+    allocation : Allocation, optional
+        The plan the counts came from (``RolloutPlanner.plan`` or
+        :func:`sera_opt.allocate`). Given, the pairing is checked on the host
+        (no device read-back): its offset must be the estimator's ``c``
+        (offset 1 also guarantees the 2 rollouts per prompt that
+        ``"mean_centred"`` needs for a signal).
 
     Returns
     -------
@@ -267,9 +273,12 @@ def maxrl_advantages(rewards, prompt_index, *, estimator: str = "mean_centred",
     ------
     SeraOptError
         Bad shapes or dtypes, non-binary rewards without ``success_threshold``,
-        ids out of range with ``num_prompts``, an unknown estimator.
+        ids out of range with ``num_prompts``, an unknown estimator, an
+        ``allocation`` planned for the other estimator.
     """
     offset = _check_estimator(estimator)
+    if allocation is not None:
+        _check_allocation(allocation, estimator, offset)
     multiplicity_correction = check_flag(multiplicity_correction, "multiplicity_correction")
     validate = check_flag(validate, "validate")
     groups = group(rewards, prompt_index, success_threshold=success_threshold,
@@ -277,6 +286,25 @@ def maxrl_advantages(rewards, prompt_index, *, estimator: str = "mean_centred",
                    dtype=dtype)
     values = _slot_values(groups, offset, multiplicity_correction)
     return values.view(-1).index_select(0, groups.codes)
+
+
+def _check_allocation(allocation, estimator: str, offset: int) -> None:
+    """Refuse counts planned for the other estimator (checked on the host)."""
+    # An allocation for offset 1 gives every prompt at least 2 rollouts (the
+    # allocator refuses fewer), so the offset is the whole check.
+    planned = getattr(allocation, "offset", None)
+    if planned is None or getattr(allocation, "counts", None) is None:
+        raise SeraOptError(
+            f"allocation must be the Allocation that planned the counts (from "
+            f"RolloutPlanner.plan or sera_opt.allocate), got {type(allocation).__name__}."
+        )
+    if int(planned) != offset:
+        raise SeraOptError(
+            f"the allocation was planned with offset={int(planned)} but the {estimator!r} "
+            f"estimator has offset {offset}: its factors w_c(p, n) are not the ones the counts "
+            f"were chosen for. Plan with offset={offset} (ESTIMATOR_OFFSETS[{estimator!r}]), "
+            f"or pass the estimator that matches the plan."
+        )
 
 
 def aggregate_loss(per_token_loss, mask=None, mode: str = "token-mean", *,

@@ -1,6 +1,6 @@
 """The object a training loop holds: estimates before sampling, evidence after.
 
-    planner = sera_opt.RolloutPlanner(max_rollouts=32)   # the default policy: sera-fair, alpha 1
+    planner = sera_opt.RolloutPlanner(max_rollouts=32)   # sera-fair, alpha 1, offset 1, min 2
     for batch in loader:
         alloc = planner.plan(batch.prompt_ids, budget=8 * len(batch))
         rollouts = sample(batch, alloc.counts)              # the trainer's job
@@ -10,10 +10,12 @@
 
 from __future__ import annotations
 
+import threading
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from .exceptions import SeraOptError
+from .exceptions import SeraOptError, SeraOptWarning
 from .policies import AllocationPolicy, get_policy, policy_from_config
 from .result import Allocation
 from .tracking import SuccessTracker
@@ -30,8 +32,12 @@ _FORMAT_V1 = "sera_opt.RolloutPlanner/1"
 #: policy at alpha = 1, chosen by the rule written down before the report runs
 #: (docs/benchmarks.md): not significantly below uniform allocation anywhere, and the
 #: best mean rank at pass@64; SERA's max-min ("sera") lost clearly on the hard mazes.
+#: The offset and the minimum are those of the estimator's default
+#: (``maxrl_advantages(estimator="mean_centred")``: offset c = 1, and a prompt needs at
+#: least 2 rollouts to carry a signal), so the default planner and the default
+#: estimator agree; pass ``offset=0, min_rollouts=1`` for ``"success_average"``.
 DEFAULT_POLICY = "sera-fair"
-DEFAULT_POLICY_OPTIONS: dict[str, Any] = {"alpha": 1.0}
+DEFAULT_POLICY_OPTIONS: dict[str, Any] = {"alpha": 1.0, "offset": 1, "min_rollouts": 2}
 
 
 class RolloutPlanner:
@@ -44,11 +50,21 @@ class RolloutPlanner:
     also receives the Beta posteriors. :meth:`observe` feeds the rewards of the
     rollouts back into the tracker.
 
+    Thread safety: a planner may be shared between threads (``observe`` from
+    a callback while the loop calls ``plan``). Its lock covers the swap in
+    :meth:`load_state_dict` and the reads of :meth:`plan` and
+    :meth:`state_dict`; the tracker holds its own lock around its state. The
+    solve in :meth:`plan` runs outside the lock, on the call's own estimates.
+
     Parameters
     ----------
     policy : str or AllocationPolicy, optional
         A registered policy name (see :func:`sera_opt.available_policies`) or
-        an instance. None: :data:`DEFAULT_POLICY` with :data:`DEFAULT_POLICY_OPTIONS`.
+        an instance. None: :data:`DEFAULT_POLICY` with :data:`DEFAULT_POLICY_OPTIONS`
+        (``sera-fair`` at alpha 1, ``offset=1``, ``min_rollouts=2``: the pairing
+        for the default ``maxrl_advantages`` estimator). A named policy takes its
+        own defaults (offset 0, ``min_rollouts=1``): pass ``offset`` and
+        ``min_rollouts`` for the estimator you use.
     tracker : SuccessTracker, optional
         Defaults to ``SuccessTracker()`` (fitted prior, no forgetting).
     **policy_options
@@ -68,6 +84,18 @@ class RolloutPlanner:
                 f"tracker must be a sera_opt.SuccessTracker, got {type(tracker).__name__}."
             )
         self.tracker = tracker
+        self._lock = threading.RLock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A lock cannot be pickled; the copy gets its own (see __setstate__).
+        with self._lock:
+            state = self.__dict__.copy()
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
 
     @property
     def uses_posterior(self) -> bool:
@@ -93,32 +121,56 @@ class RolloutPlanner:
         -------
         Allocation
             ``counts[j]`` is the number of rollouts for ``prompt_ids[j]``.
+
+        Warns
+        -----
+        SeraOptWarning
+            When an id occurs more than once in ``prompt_ids``. Each row is
+            then planned as a prompt of its own (same estimate, its own count,
+            its own ``min_rollouts``), so the prompt receives the sum of its
+            rows' counts; :meth:`observe` pools all their rollouts.
         """
-        if self.uses_posterior:
-            if "posterior" in allocate_options:
-                raise SeraOptError(
-                    "the planner passes the tracker's posterior itself; do not pass posterior=."
-                )
-            allocate_options["posterior"] = self.tracker.posterior(prompt_ids)
-            success_probs = None
-        else:
-            success_probs = self.tracker.estimate(prompt_ids)
-        self.policy._check_inputs(allocate_options)
-        return self.policy.allocate(success_probs, budget, min_rollouts=min_rollouts,
-                                    max_rollouts=max_rollouts, **allocate_options)
+        with self._lock:
+            # The policy and the tracker of one state (load_state_dict swaps both).
+            policy, tracker = self.policy, self.tracker
+            if "posterior" in policy.extra_inputs:
+                if "posterior" in allocate_options:
+                    raise SeraOptError(
+                        "the planner passes the tracker's posterior itself; do not pass "
+                        "posterior=."
+                    )
+                allocate_options["posterior"] = tracker.posterior(prompt_ids)
+                success_probs = None
+            else:
+                success_probs = tracker.estimate(prompt_ids)
+        repeats, examples = SuccessTracker._repeated_ids(prompt_ids)
+        if repeats:
+            warnings.warn(
+                f"prompt_ids repeats {repeats} prompt id(s) within one plan() call (for example "
+                f"{', '.join(repr(e) for e in examples)}): each row is planned as a prompt of "
+                f"its own, with the same estimate, and gets its own count, so the prompt "
+                f"receives the sum of its rows' counts (at least min_rollouts per row). Pass "
+                f"each prompt once to plan it once.", SeraOptWarning, stacklevel=2)
+        # The estimates are this call's own arrays: the solve needs no lock.
+        policy._check_inputs(allocate_options)
+        return policy.allocate(success_probs, budget, min_rollouts=min_rollouts,
+                               max_rollouts=max_rollouts, **allocate_options)
 
     def observe(self, prompt_ids, rewards) -> RolloutPlanner:
         """Record rollout outcomes (one entry per rollout); see :meth:`SuccessTracker.update`."""
-        self.tracker.update(prompt_ids, rewards)
+        with self._lock:
+            tracker = self.tracker
+        tracker.update(prompt_ids, rewards)  # the tracker holds its own lock
         return self
 
     def state_dict(self) -> dict[str, Any]:
         """The policy's configuration and the tracker's state, for checkpoints."""
-        return {
-            "format": _FORMAT,
-            "policy": self.policy.config(),
-            "tracker": self.tracker.state_dict(),
-        }
+        with self._lock:
+            return {
+                "format": _FORMAT,
+                "policy": self.policy.config(),
+                "tracker": self.tracker.state_dict(),
+            }
 
     def load_state_dict(self, state: Mapping[str, Any], **objects: Any) -> RolloutPlanner:
         """Restore a :meth:`state_dict`, all or nothing: the tracker exactly, and the
@@ -142,10 +194,11 @@ class RolloutPlanner:
             tracker_state = state["tracker"]
         except (KeyError, TypeError) as exc:
             raise SeraOptError(f"malformed RolloutPlanner state: missing {exc}.") from None
-        policy = policy_from_config(config, **self._current_objects(config, objects))
-        tracker = SuccessTracker.from_state_dict(tracker_state)
-        # Both built and checked: swap them in together.
-        self.policy, self.tracker = policy, tracker
+        with self._lock:
+            policy = policy_from_config(config, **self._current_objects(config, objects))
+            tracker = SuccessTracker.from_state_dict(tracker_state)
+            # Both built and checked: swap them in together.
+            self.policy, self.tracker = policy, tracker
         return self
 
     def _current_objects(self, config, objects: dict[str, Any]) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import threading
 from typing import Any
 
 import numpy as np
@@ -37,28 +38,49 @@ _LOWEST = float(np.finfo(np.float64).tiny)
 _HIGHEST = float(np.nextafter(1.0, 0.0))
 
 
-def _prior_pair(prior, name: str) -> tuple[float, float]:
+#: The largest prior strength ``alpha0 + beta0`` (fixed, fallback or the fit's upper
+#: bound). Far beyond any useful prior; it keeps ``alpha0 + beta0`` plus the evidence
+#: finite, so a posterior mean never becomes ``alpha / inf``.
+MAX_PRIOR_STRENGTH = 1e300
+
+
+def _real(value, name: str, what: str) -> float:
+    """``value`` as a float; booleans and strings are not numbers here."""
+    bad = SeraOptError(f"{name} must be {what}, got {value!r} ({type(value).__name__}).")
+    if isinstance(value, (bool, np.bool_, str, bytes, complex, np.complexfloating)):
+        raise bad
     try:
-        a, b = (float(x) for x in prior)
+        return float(value)  # also numpy and torch scalars
     except (TypeError, ValueError):
-        raise SeraOptError(
-            f"{name} must be 'fit' or a pair (alpha, beta) of positive numbers, got {prior!r}."
-        ) from None
+        raise bad from None
+
+
+def _prior_pair(prior, name: str) -> tuple[float, float]:
+    what = "'fit' or a pair (alpha, beta) of positive numbers" if name == "prior" else \
+        "a pair (alpha, beta) of positive numbers"
+    try:
+        pair = tuple(prior)
+    except TypeError:
+        pair = ()
+    if isinstance(prior, (str, bytes)) or len(pair) != 2:
+        raise SeraOptError(f"{name} must be {what}, got {prior!r}.")
+    a, b = (_real(x, f"{name}'s alpha and beta", "numbers") for x in pair)
     if not (math.isfinite(a) and math.isfinite(b) and a > 0 and b > 0):
         raise SeraOptError(
             f"{name} must have finite alpha > 0 and beta > 0 (a posterior mean of exactly 0 or "
             f"1 would pin a prompt), got ({a!r}, {b!r})."
         )
+    if a + b > MAX_PRIOR_STRENGTH:
+        raise SeraOptError(
+            f"{name} has alpha + beta = {a + b!r}, above the limit {MAX_PRIOR_STRENGTH:g} "
+            f"(sera_opt.tracking.MAX_PRIOR_STRENGTH): the posterior mean alpha / (alpha + "
+            f"beta) would overflow. Scale both down; the mean depends only on their ratio."
+        )
     return a, b
 
 
 def _positive(value, name: str, *, allow_zero: bool = False) -> float:
-    if isinstance(value, (str, bytes)):
-        raise SeraOptError(f"{name} must be a number, got {value!r}.")
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise SeraOptError(f"{name} must be a number, got {value!r}.") from None
+    v = _real(value, name, "a number")
     if not math.isfinite(v) or v < 0 or (v == 0 and not allow_zero):
         raise SeraOptError(f"{name} must be finite and {'>=' if allow_zero else '>'} 0, "
                            f"got {value!r}.")
@@ -77,15 +99,12 @@ def _validated_config(*, prior, decay, num_prompts, success_threshold, fallback_
     if decay > 1:
         raise SeraOptError(f"decay must lie in (0, 1] (1 forgets nothing), got {decay!r}.")
     if num_prompts is not None:
-        if isinstance(num_prompts, bool) or not isinstance(num_prompts, numbers.Integral) \
+        if isinstance(num_prompts, (bool, np.bool_)) or not isinstance(num_prompts, numbers.Integral) \
                 or num_prompts < 1:
             raise SeraOptError(f"num_prompts must be a positive integer, got {num_prompts!r}.")
         num_prompts = int(num_prompts)
     if success_threshold is not None:
-        if isinstance(success_threshold, (bool, str, bytes)) or not isinstance(
-                success_threshold, numbers.Real):
-            raise SeraOptError(f"success_threshold must be a number, got {success_threshold!r}.")
-        success_threshold = float(success_threshold)
+        success_threshold = _real(success_threshold, "success_threshold", "a real number or None")
         if not math.isfinite(success_threshold):
             raise SeraOptError("success_threshold must be finite.")
     fallback_prior = _prior_pair(fallback_prior, "fallback_prior")
@@ -93,6 +112,11 @@ def _validated_config(*, prior, decay, num_prompts, success_threshold, fallback_
     max_prior_strength = _positive(max_prior_strength, "max_prior_strength")
     if max_prior_strength < min_prior_strength:
         raise SeraOptError("max_prior_strength must be >= min_prior_strength.")
+    if max_prior_strength > MAX_PRIOR_STRENGTH:
+        raise SeraOptError(
+            f"max_prior_strength must be at most {MAX_PRIOR_STRENGTH:g} "
+            f"(sera_opt.tracking.MAX_PRIOR_STRENGTH), got {max_prior_strength!r}: a fitted "
+            f"alpha0 + beta0 beyond it would overflow the posterior mean.")
     if isinstance(min_fit_prompts, bool) or not isinstance(min_fit_prompts, numbers.Integral) \
             or min_fit_prompts < 2:
         raise SeraOptError(f"min_fit_prompts must be an integer >= 2, got {min_fit_prompts!r}.")
@@ -155,6 +179,14 @@ class SuccessTracker:
     ``str`` is converted to such an array on each call. Strings that end in
     ``"\\x00"`` are rejected (numpy strings cannot hold them).
 
+    Thread safety: a tracker may be shared between threads. A re-entrant
+    lock is held around every change of the state (:meth:`update`,
+    :meth:`load_state_dict`) and every read of it (:meth:`estimate`,
+    :meth:`posterior`, :meth:`evidence`, :meth:`prior_params`, ``len``,
+    :attr:`step`, :meth:`state_dict`), so concurrent calls are serialized and
+    each sees one consistent state; a copy (``pickle``, ``copy.deepcopy``)
+    gets a lock of its own.
+
     Parameters
     ----------
     prior : "fit" or (float, float), default "fit"
@@ -165,7 +197,10 @@ class SuccessTracker:
         Dataset size when the ids are dataset indices ``0..N-1``.
     success_threshold : float, optional
         Rewards ``>= success_threshold`` count as successes. Without it the
-        rewards must be binary (0/1 or False/True).
+        rewards must be binary (0/1 or False/True). Boolean rewards are taken
+        as the outcomes they are, which agrees with comparing 1 and 0 only for
+        a threshold in (0, 1]; with any other threshold they are refused (so
+        True and 1.0 can never count differently).
     fallback_prior : (float, float), default (1, 1)
         Prior used while the fit is not identified (uniform by default, so an
         unseen prompt starts at 1/2 and one with ``k`` successes in ``n``
@@ -192,6 +227,19 @@ class SuccessTracker:
         self._evidence = BetaEvidence(self.decay, fit=self.prior == "fit",
                                       size=self._index.size)
         self._fitted: tuple[float, float] | None = None
+        self._lock = threading.RLock()
+
+    # ------------------------------------------------------------------ threads, copies
+    def __getstate__(self) -> dict[str, Any]:
+        # A lock cannot be pickled; the copy gets its own (see __setstate__).
+        with self._lock:
+            state = self.__dict__.copy()
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
 
     # ------------------------------------------------------------------ config
     def _apply_config(self, config: dict[str, Any]) -> None:
@@ -226,6 +274,16 @@ class SuccessTracker:
                 f"{r.shape[0]} rewards."
             )
         if r.dtype == np.bool_:
+            t = self.success_threshold
+            if t is not None and not 0 < t <= 1:
+                # True must mean what 1.0 means, and False what 0.0 means.
+                raise SeraOptError(
+                    f"rewards are booleans but success_threshold={t!r} lies outside (0, 1]: "
+                    f"it counts the reward "
+                    f"{'1.0 as a failure while True' if t > 1 else '0.0 as a success while False'}"
+                    f" is {'a success' if t > 1 else 'a failure'}. Booleans are outcomes "
+                    f"already: pass the numeric rewards, or a threshold in (0, 1]."
+                )
             return np.ascontiguousarray(r)
         if not np.issubdtype(r.dtype, np.number) or np.iscomplexobj(r):
             raise SeraOptError(f"rewards must be numbers or booleans, got dtype {r.dtype}.")
@@ -258,39 +316,71 @@ class SuccessTracker:
         """
         # Everything that can reject the batch runs before anything is mutated.
         parsed = parse_prompt_ids(prompt_ids)
-        successes = self._rewards(rewards, parsed.count)
-        slots, missing = self._index.lookup(parsed)
-        if missing:
-            self._evidence.reserve(missing)
-            self._index.insert(parsed, slots, missing)
-        self._fitted = None
-        self._evidence.update(slots, successes, self._index.size)
+        with self._lock:
+            # The lookup and the insert of new ids are one step: another thread
+            # must not insert the same new id in between.
+            successes = self._rewards(rewards, parsed.count)
+            slots, missing = self._index.lookup(parsed)
+            if missing:
+                self._evidence.reserve(missing)
+                self._index.insert(parsed, slots, missing)
+            self._fitted = None
+            self._evidence.update(slots, successes, self._index.size)
         return self
-
-    def _slots(self, prompt_ids) -> np.ndarray:
-        return self._index.lookup(parse_prompt_ids(prompt_ids))[0]
 
     def evidence(self, prompt_ids) -> tuple[np.ndarray, np.ndarray]:
         """The decayed ``(successes, failures)`` of each prompt (0 for unseen ones)."""
-        return self._evidence.read(self._slots(prompt_ids))
+        parsed = parse_prompt_ids(prompt_ids)
+        with self._lock:
+            return self._evidence.read(self._index.lookup(parsed)[0])
+
+    @staticmethod
+    def _repeated_ids(prompt_ids) -> tuple[int, list]:
+        """How many distinct ids occur more than once in ``prompt_ids``, and up to three of them.
+
+        Reads no tracker state. Integers are sorted (several times faster than hashing
+        them); strings go into a scratch index (one hash pass).
+        """
+        parsed = parse_prompt_ids(prompt_ids)
+        if parsed.count < 2:
+            return 0, []
+        if parsed.kind == "int":
+            ordered = np.sort(parsed.values)
+            same = ordered[1:] == ordered[:-1]
+            if not same.any():
+                return 0, []
+            repeated = np.unique(ordered[1:][same])
+            return int(repeated.size), repeated[:3].tolist()
+        scratch = PromptIndex()
+        slots, missing = scratch.lookup(parsed)
+        scratch.insert(parsed, slots, missing)
+        if scratch.size == parsed.count:
+            return 0, []
+        repeated = np.flatnonzero(np.bincount(slots, minlength=scratch.size) > 1)
+        keys = scratch.keys()
+        return int(repeated.size), [np.asarray(keys[int(i)]).item() for i in repeated[:3]]
 
     # ------------------------------------------------------------------ prior
     def prior_params(self) -> tuple[float, float]:
         """The Beta prior ``(alpha0, beta0)`` in use (O(1); cached until the next update)."""
-        if self.prior != "fit":
-            return self.prior
-        if self._fitted is None:
-            self._fitted = fit_beta_prior(
-                self._evidence.moments(), fallback_prior=self.fallback_prior,
-                min_prior_strength=self.min_prior_strength,
-                max_prior_strength=self.max_prior_strength, min_fit_prompts=self.min_fit_prompts)
-        return self._fitted
+        with self._lock:
+            if self.prior != "fit":
+                return self.prior
+            if self._fitted is None:
+                self._fitted = fit_beta_prior(
+                    self._evidence.moments(), fallback_prior=self.fallback_prior,
+                    min_prior_strength=self.min_prior_strength,
+                    max_prior_strength=self.max_prior_strength,
+                    min_fit_prompts=self.min_fit_prompts)
+            return self._fitted
 
     # ------------------------------------------------------------------ reads
     def posterior(self, prompt_ids) -> tuple[np.ndarray, np.ndarray]:
         """Beta posterior ``(alpha, beta)`` of each prompt's success probability (float64)."""
-        a0, b0 = self.prior_params()
-        s, f = self.evidence(prompt_ids)
+        parsed = parse_prompt_ids(prompt_ids)
+        with self._lock:  # the prior and the evidence of one state
+            a0, b0 = self.prior_params()
+            s, f = self._evidence.read(self._index.lookup(parsed)[0])
         return a0 + s, b0 + f
 
     def estimate(self, prompt_ids) -> np.ndarray:
@@ -300,21 +390,27 @@ class SuccessTracker:
         where rounding alone would reach 0 or 1 (overwhelming evidence against
         a tiny prior), it is held one floating-point step inside.
         """
-        a0, b0 = self.prior_params()
-        return self._evidence.means(self._slots(prompt_ids), a0, b0, _LOWEST, _HIGHEST)
+        parsed = parse_prompt_ids(prompt_ids)
+        with self._lock:
+            a0, b0 = self.prior_params()
+            slots = self._index.lookup(parsed)[0]
+            return self._evidence.means(slots, a0, b0, _LOWEST, _HIGHEST)
 
     def __len__(self) -> int:
         """Number of prompts with a slot (seen at least once, or ``num_prompts``)."""
-        return int(self._index.size)
+        with self._lock:
+            return int(self._index.size)
 
     @property
     def step(self) -> int:
         """Number of :meth:`update` calls so far (the decay clock)."""
-        return self._evidence.step
+        with self._lock:
+            return self._evidence.step
 
     def __repr__(self) -> str:
-        return (f"SuccessTracker(prompts={len(self)}, step={self.step}, prior={self.prior!r}, "
-                f"decay={self.decay!r})")
+        with self._lock:
+            return (f"SuccessTracker(prompts={len(self)}, step={self.step}, "
+                    f"prior={self.prior!r}, decay={self.decay!r})")
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -324,12 +420,16 @@ class SuccessTracker:
         holds the prior's running sums (``prior_moments``), so a restored
         tracker continues bit for bit.
         """
-        evidence = self._evidence.state()
+        with self._lock:  # one consistent snapshot
+            evidence = self._evidence.state()
+            config = self._config()
+            kind = self._index.kind
+            keys = self._index.keys()
         state = {
             "format": _FORMAT,
-            "config": self._config(),
-            "id_kind": self._index.kind,
-            "keys": self._index.keys(),
+            "config": config,
+            "id_kind": kind,
+            "keys": keys,
             "successes": evidence["successes"],
             "failures": evidence["failures"],
             "last_step": evidence["last_step"],
@@ -398,6 +498,7 @@ class SuccessTracker:
         tracker._index = index
         tracker._evidence = evidence
         tracker._fitted = None
+        tracker._lock = threading.RLock()
         return tracker
 
     def load_state_dict(self, state: dict[str, Any]) -> SuccessTracker:
@@ -409,6 +510,7 @@ class SuccessTracker:
         exactly as it was.
         """
         restored = type(self).from_state_dict(state)
-        for name in self._STATE_ATTRIBUTES:
-            setattr(self, name, getattr(restored, name))
+        with self._lock:
+            for name in self._STATE_ATTRIBUTES:
+                setattr(self, name, getattr(restored, name))
         return self
