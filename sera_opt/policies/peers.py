@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..exceptions import SeraOptError
-from ..problem import AllocationProblem, validate_real
+from ..problem import AllocationProblem, owned_read_only, validate_real
 from ..solvers.separable import (
     HitUtility,
     InverseCountCost,
@@ -217,5 +217,6 @@ def _check_norms(gradient_norms, m: int | None) -> np.ndarray:
         raise SeraOptError(
             f"gradient_norms must be finite and >= 0, got {g[i]!r} at index {i}."
         )
-    g.setflags(write=False)
-    return g
+    # Kept by the policy or its objective: its own copy, never the caller's buffer
+    # (nor a flag set on it).
+    return owned_read_only(g)
