@@ -234,9 +234,9 @@ class SeparableObjective:
         t = self.terms(counts)
         return float(t.min() if self.sense == "max-min" else t.sum())
 
-    def solve(self, budget, min_rollouts, max_rollouts, **options) -> np.ndarray:
-        """Shorthand for :func:`solve_separable` on this objective."""
-        return solve_separable(self, budget, min_rollouts, max_rollouts, **options)
+    def solve(self, budget, min_rollouts, max_rollouts, *, stats=None) -> np.ndarray:
+        """Shorthand for :func:`solve_separable` on this objective (the same arguments)."""
+        return solve_separable(self, budget, min_rollouts, max_rollouts, stats=stats)
 
     # ------------------------------------------------------------ internals
     def _counts(self, counts) -> np.ndarray:

@@ -15,6 +15,7 @@ import time
 import numpy as np
 
 from .. import _jit
+from ..exceptions import SeraOptError
 from ..problem import MAX_BUDGET, AllocationProblem, owned_read_only
 from ..result import Allocation
 from . import _tiers
@@ -226,6 +227,15 @@ class WaterlineSolver(Solver):
     relaxation = True
     requires = ("numba",)
     options = frozenset({"continuous"})
+
+    def check_options(self, options, *, stacklevel: int = 2):
+        known = super().check_options(options, stacklevel=stacklevel + 1)
+        if "continuous" in known and not isinstance(known["continuous"], (bool, np.bool_)):
+            raise SeraOptError(
+                f"the waterline solver's option continuous is True or False (whether to "
+                f"compute the continuous relaxation too), got {known['continuous']!r}."
+            )
+        return known
 
     def _solve(self, problem: AllocationProblem, continuous: bool = True) -> Allocation:
         start = time.perf_counter()
