@@ -218,19 +218,23 @@ class AllocationPolicy(ABC):
         return lo, hi
 
     def _ratio_cap(self, success_probs, budget, lo):
-        """``ceil(max_ratio * budget / M)``, never below a prompt's minimum; ``None`` when
+        """``ceil(max_ratio * budget / M)`` (at most ``budget``), never below a prompt's
+        minimum; ``None`` when
         the inputs are malformed (AllocationProblem then reports what is wrong)."""
         try:
             m = len(success_probs) if np.ndim(success_probs) == 1 else 0
             budget = validate_count(budget, "budget")
-        except (TypeError, SeraOptError):
+        except (TypeError, ValueError):  # a ragged list, a bad budget (SeraOptError)
             return None
         if not m:
             return None
         # Exact rational ceiling, in Python integers (a float product would round
         # for budgets near 2**53).
         num, den = float(self.max_ratio).as_integer_ratio()
-        cap = -((-num * budget) // (den * m))
+        # No prompt can take more than the budget, so a cap above it changes nothing;
+        # clamped there it stays within MAX_BUDGET, and budgets near 2**53 are not
+        # refused for a max_rollouts the caller never passed.
+        cap = min(-((-num * budget) // (den * m)), budget)
         if np.ndim(lo) == 0:
             try:
                 return max(int(lo), cap)
