@@ -120,15 +120,22 @@ def validate_success_probs(success_probs, *, name: str = "success_probs") -> np.
     return _checked_probs(success_probs, name)[0]
 
 
-def _checked_probs(success_probs, name: str) -> tuple[np.ndarray, bool]:
-    """:func:`validate_success_probs`, and whether the array returned is one that this
-    call made (so that nobody else holds a reference to its memory)."""
-    if isinstance(success_probs, np.ma.MaskedArray):
+def refuse_masked(value, name: str) -> None:
+    """Raise if ``value`` is a numpy masked array: converting one drops the mask and
+    reads whatever the masked entries hold (uninitialised memory for ``masked_all``)."""
+    if isinstance(value, np.ma.MaskedArray):
         raise SeraOptError(
             f"{name} is a numpy masked array; sera_opt does not read masks, and unmasking "
             f"would use whatever the masked entries hold. Pass {name}.compressed() to drop "
-            f"the masked prompts, or {name}.filled(value) to give them a probability."
+            f"the masked prompts (and the same entries of the other inputs), or "
+            f"{name}.filled(value) to give them a value."
         )
+
+
+def _checked_probs(success_probs, name: str) -> tuple[np.ndarray, bool]:
+    """:func:`validate_success_probs`, and whether the array returned is one that this
+    call made (so that nobody else holds a reference to its memory)."""
+    refuse_masked(success_probs, name)
     fresh = isinstance(success_probs, (list, tuple))
     try:
         p = np.asarray(success_probs)
@@ -230,6 +237,8 @@ def attenuation(success_probs, counts, offset: int = 0):
         (where ``1 - (1 - p) ** m`` would cancel) and exact at ``p = 1``.
     """
     offset = validate_offset(offset)
+    refuse_masked(success_probs, "success_probs")
+    refuse_masked(counts, "counts")
     p = np.asarray(success_probs)
     n = np.asarray(counts)
     _check_attenuation_inputs(p, n)
@@ -237,9 +246,10 @@ def attenuation(success_probs, counts, offset: int = 0):
 
 
 def _check_attenuation_inputs(p: np.ndarray, n: np.ndarray) -> None:
-    if not (np.issubdtype(p.dtype, np.number) or p.dtype == np.bool_):
+    # Booleans are refused here as everywhere: True is neither a probability nor a count.
+    if not np.issubdtype(p.dtype, np.number):
         raise SeraOptError(f"success_probs must be numeric, got dtype {p.dtype}.")
-    if not (np.issubdtype(n.dtype, np.number) or n.dtype == np.bool_):
+    if not np.issubdtype(n.dtype, np.number):
         raise SeraOptError(f"counts must be numeric, got dtype {n.dtype}.")
     p64 = p.astype(np.float64)
     if np.isnan(p64).any() or (p64 < 0).any() or (p64 > 1).any():
@@ -265,6 +275,7 @@ def _attenuation(p: np.ndarray, n: np.ndarray, offset: int):
 
 
 def _as_bounds(value, name: str, m: int) -> np.ndarray:
+    refuse_masked(value, name)
     if isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)):
         # The common scalar case, without numpy's conversion rules (a Python int
         # beyond int64 would raise a bare OverflowError there).
@@ -539,6 +550,7 @@ class AllocationProblem:
 
 def _scalar_or_bounds(value, name: str, m: int):
     """A bound as a Python int (the same for every prompt) or a read-only int64 array."""
+    refuse_masked(value, name)
     if type(value) is int:
         return validate_count(value, name)
     if np.ndim(value) == 0 and not isinstance(value, (bool, np.bool_)):

@@ -239,3 +239,32 @@ class TestInputsTakenForWhatTheyAre:
         assert int(counts.sum()) == sera_opt.MAX_BUDGET
         with pytest.raises(SeraOptError, match="budget="):
             policy.allocate([0.5], sera_opt.MAX_BUDGET + 1)
+
+    def test_masked_bounds_posteriors_and_norms_are_refused(self):
+        p = np.array([0.2, 0.5, 0.7])
+        masked = np.ma.masked_array([2, 2, 2], mask=[True, False, False])
+        with pytest.raises(SeraOptError, match="min_rollouts is a numpy masked array"):
+            sera_opt.allocate(p, 12, min_rollouts=masked)
+        with pytest.raises(SeraOptError, match="max_rollouts is a numpy masked array"):
+            sera_opt.allocate(p, 12, max_rollouts=masked * 3)
+        with pytest.raises(SeraOptError, match="masked array"):
+            sera_opt.get_policy("uniform", min_rollouts=masked)
+        alpha = np.ma.masked_array([1.0, 2.0, 3.0], mask=[True, False, False])
+        with pytest.raises(SeraOptError, match="masked array"):
+            sera_opt.get_policy("sera-bayes").allocate(None, 12, posterior=(alpha, np.ones(3)))
+        with pytest.raises(SeraOptError, match="masked array"):
+            sera_opt.get_policy("gvm").allocate(p, 12, gradient_norms=alpha)
+        with pytest.raises(SeraOptError, match="masked array"):
+            attenuation(np.ma.masked_array([0.2, 0.5], mask=[True, False]), [2, 3])
+
+    def test_booleans_are_no_posteriors_norms_or_probabilities_anywhere(self):
+        p = np.array([0.2, 0.5, 0.7])
+        with pytest.raises(SeraOptError, match="booleans"):
+            sera_opt.get_policy("hora").allocate(
+                None, 12, posterior=(np.array([True, True, True]), np.ones(3)))
+        with pytest.raises(SeraOptError, match="True is not read as 1"):
+            sera_opt.get_policy("gvm").allocate(p, 12, gradient_norms=[True, False, True])
+        with pytest.raises(SeraOptError, match="numeric"):
+            attenuation([True, False], [2, 3])
+        with pytest.raises(SeraOptError, match="numeric"):
+            attenuation([0.2, 0.5], [True, False])

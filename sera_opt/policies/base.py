@@ -12,7 +12,14 @@ import numpy as np
 
 from .._registry import Registry
 from ..exceptions import SeraOptError
-from ..problem import AllocationProblem, validate_count, validate_offset, validate_real
+from ..problem import (
+    MAX_BUDGET,
+    AllocationProblem,
+    refuse_masked,
+    validate_count,
+    validate_offset,
+    validate_real,
+)
 from ..result import Allocation
 
 __all__ = [
@@ -45,6 +52,7 @@ def _check_bound(value, name: str):
     """A per-prompt bound given at construction: None, a whole number, or an array of them."""
     if value is None:
         return None
+    refuse_masked(value, name)
     if np.ndim(value) == 0:
         return validate_count(value, name, minimum=1)
     arr = np.asarray(value)
@@ -218,8 +226,8 @@ class AllocationPolicy(ABC):
         return lo, hi
 
     def _ratio_cap(self, success_probs, budget, lo):
-        """``ceil(max_ratio * budget / M)`` (at most ``budget``), never below a prompt's
-        minimum; ``None`` when
+        """``ceil(max_ratio * budget / M)`` (at most :data:`MAX_BUDGET`), never below a
+        prompt's minimum; ``None`` when
         the inputs are malformed (AllocationProblem then reports what is wrong)."""
         try:
             m = len(success_probs) if np.ndim(success_probs) == 1 else 0
@@ -231,10 +239,10 @@ class AllocationPolicy(ABC):
         # Exact rational ceiling, in Python integers (a float product would round
         # for budgets near 2**53).
         num, den = float(self.max_ratio).as_integer_ratio()
-        # No prompt can take more than the budget, so a cap above it changes nothing;
-        # clamped there it stays within MAX_BUDGET, and budgets near 2**53 are not
-        # refused for a max_rollouts the caller never passed.
-        cap = min(-((-num * budget) // (den * m)), budget)
+        # Clamped to MAX_BUDGET: a cap above the budget changes nothing (no prompt can
+        # take more), and budgets near 2**53 are then not refused for a max_rollouts
+        # that the caller never passed.
+        cap = min(-((-num * budget) // (den * m)), MAX_BUDGET)
         if np.ndim(lo) == 0:
             try:
                 return max(int(lo), cap)
