@@ -81,15 +81,35 @@ class _Groups:
         return torch.arange(self.num_slots, device=self.device) + self.slot_offset
 
 
+def check_not_meta(tensor: torch.Tensor, name: str) -> torch.Tensor:
+    """``tensor``, unless it lives on the ``meta`` device (shapes without data)."""
+    if tensor.device.type == "meta":
+        raise SeraOptError(
+            f"{name} is a meta tensor (a shape with no data), so there is nothing to compute "
+            f"from; pass the real values (materialize the tensor on the CPU or an "
+            f"accelerator first)."
+        )
+    return tensor
+
+
 def _as_tensor(value, name: str, device=None) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
-        return value
+        return check_not_meta(value, name)
+    import numpy as np
+
+    if isinstance(value, np.ma.MaskedArray):
+        raise SeraOptError(
+            f"{name} is a numpy masked array; sera_opt does not read masks, and converting it "
+            f"would use whatever the masked entries hold. Pass {name}.compressed() (and the "
+            f"matching entries of the other inputs) to drop them, or {name}.filled(value)."
+        )
     try:
         return torch.as_tensor(value, device=device)
     except Exception as exc:  # ragged lists, strings and the like
         raise SeraOptError(
-            f"{name} must be a 1-D tensor (or array-like) with one entry per rollout; "
-            f"could not convert it: {exc}"
+            f"{name} must be a 1-D tensor (or array-like of numbers) with one entry per "
+            f"rollout; could not convert it ({type(exc).__name__}: {exc}). Pass a flat list, "
+            f"array or tensor of numbers."
         ) from exc
 
 
@@ -151,6 +171,14 @@ def _success_mask(rewards: torch.Tensor, success_threshold, validate: bool):
     device = rewards.device
     no_problem = torch.zeros((), dtype=torch.int64, device=device)
     if rewards.dtype == torch.bool:
+        if success_threshold is None:
+            return rewards, no_problem
+        # A bool reward is the number 0 or 1, compared with the threshold like any other
+        # reward: True succeeds iff 1 >= t, False iff 0 >= t.
+        if success_threshold > 1:
+            return torch.zeros_like(rewards), no_problem
+        if success_threshold <= 0:
+            return torch.ones_like(rewards), no_problem
         return rewards, no_problem
     if rewards.is_complex():
         raise SeraOptError("rewards must be real numbers, got a complex tensor.")
@@ -315,17 +343,6 @@ def group(rewards, prompt_index, *, success_threshold=None, num_prompts=None,
             f"rewards and prompt_index must be on the same device, got {rewards.device} and "
             f"{prompt_index.device}."
         )
-    if success_threshold is not None and rewards.dtype == torch.bool:
-        import warnings
-
-        from .exceptions import SeraOptWarning
-
-        warnings.warn(
-            "success_threshold is ignored because rewards are already bool outcomes.",
-            SeraOptWarning,
-            stacklevel=3,
-        )
-        success_threshold = None
     out_dtype = result_dtype(rewards, dtype)
     success_threshold = _check_threshold(success_threshold)
     num_prompts = _check_num_prompts(num_prompts)
@@ -384,14 +401,34 @@ def group(rewards, prompt_index, *, success_threshold=None, num_prompts=None,
         else:
             codes = prompt_index.to(index_dtype, copy=True)
         torch.add(success, codes, alpha=2, out=codes)
-    if isinstance(slot_ids, HashedSlots) and slot_ids.backend == "numba":
-        table = kernel_histogram(codes, 2 * num_slots)
-    else:
-        table = _histogram(codes, 2 * num_slots)
+    try:
+        if isinstance(slot_ids, HashedSlots) and slot_ids.backend == "numba":
+            table = kernel_histogram(codes, 2 * num_slots)
+        else:
+            table = _histogram(codes, 2 * num_slots)
+    except (MemoryError, RuntimeError) as exc:
+        if not _is_allocation_failure(exc):
+            raise
+        raise SeraOptError(
+            f"the per-prompt table for {num_slots} prompt slots (two int64 counts each, "
+            f"{16 * num_slots / 2**30:.3g} GiB) could not be allocated. "
+            + (f"num_prompts={num_prompts} sizes it: pass the number of distinct prompt ids "
+               f"(the ids must lie in [0, num_prompts)), or num_prompts=None to size it "
+               f"from the ids themselves."
+               if num_prompts is not None else "Renumber the prompt ids more densely.")
+        ) from exc
     if dist is not None:
         dist.all_reduce(table, group=process_group)
     return _Groups(codes=codes, table=table, num_slots=num_slots, slot_offset=offset,
                    slot_ids=slot_ids, dtype=out_dtype, device=device)
+
+
+def _is_allocation_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is a failed allocation (host or device), not some other error."""
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return True
+    text = str(exc).lower()
+    return "allocate" in text or "out of memory" in text
 
 
 def _raise_if(bad_rewards, bad_index, rewards, prompt_index, success_threshold, num_prompts, dist):

@@ -18,11 +18,12 @@ only look at the tokens that count.
 
 from __future__ import annotations
 
+import numbers
 import warnings
 
 import torch
 
-from ._estimator_groups import _as_tensor, _world, check_flag
+from ._estimator_groups import _as_tensor, _world, check_flag, check_not_meta
 from .exceptions import SeraOptError, SeraOptWarning
 
 LOSS_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "token-sum")
@@ -34,6 +35,7 @@ def _check_tokens(tensor, name: str, hint: str) -> torch.Tensor:
             f"{name} must be a torch.Tensor of shape (sequences, tokens), got "
             f"{type(tensor).__name__}."
         )
+    check_not_meta(tensor, name)
     if tensor.ndim != 2 or not tensor.is_floating_point():
         raise SeraOptError(
             f"{name} must be a floating tensor of shape (sequences, tokens), got shape "
@@ -224,8 +226,14 @@ def aggregate_loss(per_token_loss, mask, mode, process_group, validate):
 
 def _clip_bounds(clip_range):
     pair = clip_range if isinstance(clip_range, (tuple, list)) else (clip_range, clip_range)
-    if len(pair) != 2:
+    if isinstance(clip_range, (str, bytes)) or len(pair) != 2:
         raise SeraOptError(f"clip_range must be a float or a pair of floats, got {clip_range!r}.")
+    for v in pair:
+        if isinstance(v, (bool, str, bytes)) or not isinstance(v, numbers.Real):
+            raise SeraOptError(
+                f"clip_range must be a number eps or a pair (eps_low, eps_high) of numbers (the "
+                f"PPO ratio is clipped to [1 - eps_low, 1 + eps_high]), got {clip_range!r}."
+            )
     low, high = (float(v) for v in pair)
     if not (0 <= low < 1 and high >= 0):
         raise SeraOptError(

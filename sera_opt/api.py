@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from .policies.base import DEFAULT_MAX_RATIO
-from .policies.core import SERAPolicy
+from .policies.core import SERAPolicy, check_solver_options
 from .result import Allocation
 
 __all__ = ["allocate", "waterline"]
@@ -47,7 +47,9 @@ def allocate(success_probs, budget, *, min_rollouts=None, max_rollouts=None, off
         ``"waterline"`` (default, exact and fast), ``"milp"`` (exact, cvxpy),
         ``"greedy"`` (exact, pure Python), a registered name, or your own.
     **solver_options
-        Options of the chosen solver; unknown ones raise a warning.
+        Options of the chosen solver. A name that no solver takes (a typo) raises
+        :class:`SeraOptError` with the closest valid one; an option of another
+        solver that the chosen one ignores raises a warning.
 
     Returns
     -------
@@ -72,7 +74,7 @@ def allocate(success_probs, budget, *, min_rollouts=None, max_rollouts=None, off
     policy = SERAPolicy(solver, min_rollouts=min_rollouts, max_rollouts=max_rollouts,
                         offset=offset, max_ratio=max_ratio)
     # Checked here, so that a warning about an ignored option points at the caller.
-    policy.solver_options = policy.solver.check_options(solver_options, stacklevel=2)
+    policy.solver_options = check_solver_options(policy.solver, solver_options, stacklevel=2)
     return policy.allocate(success_probs, budget)
 
 

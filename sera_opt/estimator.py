@@ -109,7 +109,9 @@ _COMMON_PARAMETERS = """
         prompt on every rank.
     success_threshold : float, optional
         Count ``rewards >= success_threshold`` as successes (for graded rewards).
-        Without it, rewards must be binary. Ignored, with a warning, for bool rewards.
+        Without it, rewards must be binary. Bool rewards are the numbers 0 and 1
+        here too: with a threshold ``t``, ``True`` succeeds iff ``1 >= t`` and
+        ``False`` iff ``0 >= t``, exactly as the rewards 1.0 and 0.0 would.
     num_prompts : int, optional
         If given, the ids must be dense: ``0 <= prompt_index < num_prompts``. This
         skips the host read of the id range; with ``validate=False`` the call then
@@ -125,8 +127,10 @@ _COMMON_PARAMETERS = """
         ``torch.distributed.group.WORLD`` for all processes. None: this process only.
     validate : bool, default True
         Check that rewards are binary (or finite, with a threshold) and ids are in
-        range, at the cost of one host read-back. With False, invalid inputs give
-        undefined results (without a threshold, any nonzero reward counts as a success).
+        range, at the cost of one host read-back (two for float16 results, whose
+        range a group of more than 65504 rollouts can exceed: refused rather than
+        returned as inf). With False, invalid inputs give undefined results (without a
+        threshold, any nonzero reward counts as a success).
 """
 
 
@@ -284,6 +288,8 @@ def maxrl_advantages(rewards, prompt_index, *, estimator: str = "mean_centred",
     groups = group(rewards, prompt_index, success_threshold=success_threshold,
                    num_prompts=num_prompts, process_group=process_group, validate=validate,
                    dtype=dtype)
+    if validate:
+        _check_range(groups)
     values = _slot_values(groups, offset, multiplicity_correction)
     return values.view(-1).index_select(0, groups.codes)
 
@@ -304,6 +310,25 @@ def _check_allocation(allocation, estimator: str, offset: int) -> None:
             f"estimator has offset {offset}: its factors w_c(p, n) are not the ones the counts "
             f"were chosen for. Plan with offset={offset} (ESTIMATOR_OFFSETS[{estimator!r}]), "
             f"or pass the estimator that matches the plan."
+        )
+
+
+def _check_range(groups) -> None:
+    """Refuse a result dtype too narrow for the advantages (only float16 can be).
+
+    No advantage exceeds the largest group's rollout count in magnitude (``n / K``,
+    ``nbar / K``, ``(n - K) / K``, ``nbar / n`` are all at most ``max n``), so one
+    read of the largest count decides, for dtypes whose maximum a count can reach."""
+    limit = torch.finfo(groups.dtype).max
+    if limit >= 2.0**63 or groups.table.numel() == 0:
+        return
+    largest = int((groups.failures + groups.successes).max())
+    if largest > limit:
+        raise SeraOptError(
+            f"a prompt has {largest} rollouts, and its advantages can reach {largest}, "
+            f"beyond {groups.dtype}'s largest value {limit:g}: they would be inf. Pass "
+            f"dtype=torch.float32 (the advantages are computed in float64 and rounded once to "
+            f"that dtype), or give the rewards a wider dtype."
         )
 
 

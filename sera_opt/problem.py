@@ -113,18 +113,47 @@ def validate_success_probs(success_probs, *, name: str = "success_probs") -> np.
     """Check that ``success_probs`` is a finite 1-D array of values in [0, 1].
 
     Returns a float array (float32 stays float32, everything else becomes
-    float64). Raises :class:`SeraOptError` with the fix otherwise.
+    float64); it may share memory with the input. Raises :class:`SeraOptError`
+    with the fix otherwise: booleans, masked arrays, strings and objects are
+    refused, not read as numbers.
     """
+    return _checked_probs(success_probs, name)[0]
+
+
+def refuse_masked(value, name: str) -> None:
+    """Raise if ``value`` is a numpy masked array: converting one drops the mask and
+    reads whatever the masked entries hold (uninitialised memory for ``masked_all``)."""
+    if isinstance(value, np.ma.MaskedArray):
+        raise SeraOptError(
+            f"{name} is a numpy masked array; sera_opt does not read masks, and unmasking "
+            f"would use whatever the masked entries hold. Pass {name}.compressed() to drop "
+            f"the masked prompts (and the same entries of the other inputs), or "
+            f"{name}.filled(value) to give them a value."
+        )
+
+
+def _checked_probs(success_probs, name: str) -> tuple[np.ndarray, bool]:
+    """:func:`validate_success_probs`, and whether the array returned is one that this
+    call made (so that nobody else holds a reference to its memory)."""
+    refuse_masked(success_probs, name)
+    fresh = isinstance(success_probs, (list, tuple))
     try:
         p = np.asarray(success_probs)
     except Exception as exc:  # ragged lists and the like
         raise SeraOptError(
-            f"{name} must be a 1-D array of probabilities; could not convert it: {exc}"
+            f"{name} must be a 1-D array of probabilities, one per prompt; could not convert "
+            f"it ({type(exc).__name__}: {exc}). Pass a flat list or array of numbers."
         ) from exc
     kind = p.dtype.kind
     if kind == "c":
         raise SeraOptError(f"{name} must be real, got a complex array.")
-    if kind not in "fiub":
+    if kind == "b":
+        raise SeraOptError(
+            f"{name} holds booleans, not probabilities: True and False are not read as 1 and "
+            f"0. Pass the probabilities (for example {name}.astype(float) if 1 and 0 are "
+            f"what you mean)."
+        )
+    if kind not in "fiu":
         raise SeraOptError(
             f"{name} must be numeric probabilities in [0, 1], got dtype {p.dtype}."
         )
@@ -137,11 +166,12 @@ def validate_success_probs(success_probs, *, name: str = "success_probs") -> np.
         raise SeraOptError(f"{name} is empty: a batch needs at least one prompt.")
     if p.dtype != np.float64 and p.dtype != np.float32:
         p = p.astype(_float_dtype(p.dtype))
+        fresh = True
     # Two reductions decide validity (NaN propagates through both); the slow
     # diagnosis below runs only on bad input.
     low, high = p.min(), p.max()
     if low >= 0 and high <= 1:
-        return p
+        return p, fresh
     bad = ~np.isfinite(p)
     if bad.any():
         raise SeraOptError(
@@ -156,6 +186,17 @@ def validate_success_probs(success_probs, *, name: str = "success_probs") -> np.
         f"{p[i]!r} at index {i}. sera_opt does not clip them: pass probabilities, "
         f"not logits or counts."
     )
+
+
+def owned_read_only(array: np.ndarray, fresh: bool = False) -> np.ndarray:
+    """``array`` as a read-only array that nothing outside sera_opt can change: a copy,
+    unless ``fresh`` says that the caller made ``array`` itself and keeps no other
+    reference to it. A read-only flag on a user's array proves nothing (a writable
+    view of the same memory may exist), so it never saves the copy."""
+    if not fresh:
+        array = np.array(array, copy=True)
+    array.setflags(write=False)
+    return array
 
 
 def success_rates(success_probs) -> np.ndarray:
@@ -196,6 +237,8 @@ def attenuation(success_probs, counts, offset: int = 0):
         (where ``1 - (1 - p) ** m`` would cancel) and exact at ``p = 1``.
     """
     offset = validate_offset(offset)
+    refuse_masked(success_probs, "success_probs")
+    refuse_masked(counts, "counts")
     p = np.asarray(success_probs)
     n = np.asarray(counts)
     _check_attenuation_inputs(p, n)
@@ -203,9 +246,10 @@ def attenuation(success_probs, counts, offset: int = 0):
 
 
 def _check_attenuation_inputs(p: np.ndarray, n: np.ndarray) -> None:
-    if not (np.issubdtype(p.dtype, np.number) or p.dtype == np.bool_):
+    # Booleans are refused here as everywhere: True is neither a probability nor a count.
+    if not np.issubdtype(p.dtype, np.number):
         raise SeraOptError(f"success_probs must be numeric, got dtype {p.dtype}.")
-    if not (np.issubdtype(n.dtype, np.number) or n.dtype == np.bool_):
+    if not np.issubdtype(n.dtype, np.number):
         raise SeraOptError(f"counts must be numeric, got dtype {n.dtype}.")
     p64 = p.astype(np.float64)
     if np.isnan(p64).any() or (p64 < 0).any() or (p64 > 1).any():
@@ -231,6 +275,7 @@ def _attenuation(p: np.ndarray, n: np.ndarray, offset: int):
 
 
 def _as_bounds(value, name: str, m: int) -> np.ndarray:
+    refuse_masked(value, name)
     if isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)):
         # The common scalar case, without numpy's conversion rules (a Python int
         # beyond int64 would raise a bare OverflowError there).
@@ -307,15 +352,20 @@ class AllocationProblem:
 
     Notes
     -----
-    The problem is immutable. It holds a read-only *view* of the probabilities
-    (no copy); scalar bounds are kept as scalars, and :attr:`min_rollouts` /
-    :attr:`max_rollouts` are materialized as arrays only when read.
+    The problem is immutable and owns its inputs: it holds read-only copies of the
+    probabilities and of array bounds, so changing the caller's buffers afterwards
+    changes nothing in it (nor in an :class:`~sera_opt.Allocation` built on it). The
+    copy is skipped only for arrays this constructor made itself (a list converted,
+    an integer array promoted). Scalar bounds are kept as scalars, and
+    :attr:`min_rollouts` / :attr:`max_rollouts` are materialized as arrays only when
+    read.
     """
 
     __slots__ = ("success_probs", "budget", "offset", "capped", "_lo", "_hi", "__dict__")
 
     def __init__(self, success_probs, budget, min_rollouts=1, max_rollouts=None, offset=0):
-        p = validate_success_probs(success_probs)
+        p, fresh = _checked_probs(success_probs, "success_probs")
+        p = owned_read_only(p, fresh)
         m = p.shape[0]
         offset = validate_offset(offset)
         budget = validate_count(budget, "budget")
@@ -369,10 +419,6 @@ class AllocationProblem:
         self._assign(p, budget, offset, capped, lo, hi, budget - lo_total)
 
     def _assign(self, p, budget, offset, capped, lo, hi, spare) -> None:
-        # A read-only view: the caller's array keeps its own flags, and no copy is made.
-        if p.flags.writeable:
-            p = p.view()
-            p.setflags(write=False)
         setattr_ = object.__setattr__
         setattr_(self, "success_probs", p)
         setattr_(self, "budget", budget)
@@ -386,7 +432,8 @@ class AllocationProblem:
     def _validated(cls, p: np.ndarray, budget: int, lo: int, hi: int, offset: int,
                    capped: bool, rates: np.ndarray | None = None) -> AllocationProblem:
         """The problem of inputs that a caller has already validated: ``p`` a finite,
-        read-only 1-D float array in [0, 1], ``offset`` 0 or 1, and Python-int bounds and
+        read-only 1-D float array in [0, 1] that the problem may keep (nothing outside
+        sera_opt can write to its memory: :func:`owned_read_only`), ``offset`` 0 or 1, and Python-int bounds and
         budget with ``1 + offset <= lo <= hi <= MAX_BUDGET`` and ``lo * M <= budget <= hi
         * M`` (``hi`` being ``lo + budget - lo * M`` when not ``capped``); ``rates``, when
         given, its finite positive rates (no prompt at ``p = 0`` or ``1``), which the
@@ -503,6 +550,7 @@ class AllocationProblem:
 
 def _scalar_or_bounds(value, name: str, m: int):
     """A bound as a Python int (the same for every prompt) or a read-only int64 array."""
+    refuse_masked(value, name)
     if type(value) is int:
         return validate_count(value, name)
     if np.ndim(value) == 0 and not isinstance(value, (bool, np.bool_)):

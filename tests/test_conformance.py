@@ -467,3 +467,63 @@ def test_max_ratio_is_validated(bad):
 def test_policies_without_a_ratio_refuse_it():
     with pytest.raises(SeraOptError, match="no option 'max_ratio'"):
         get_policy("uniform", max_ratio=4)
+
+
+# ---------------------------------------------------------------- construction-time checks
+POLICY_NAMES = available_policies()
+
+
+@pytest.mark.parametrize("name", POLICY_NAMES)
+def test_a_misspelt_option_is_refused_when_built_with_the_fix(name):
+    with pytest.raises(SeraOptError, match=r"'min_rollout' \(did you mean 'min_rollouts'\?\)"):
+        get_policy(name, min_rollout=2)
+
+
+def test_a_misspelt_solver_option_is_refused():
+    with pytest.raises(SeraOptError, match="did you mean 'continuous'"):
+        sera_opt.SERAPolicy(continous=False)
+    with pytest.raises(SeraOptError, match="did you mean 'min_rollouts'"):
+        sera_opt.allocate([0.2, 0.4], 6, min_rollout=2)
+
+
+@pytest.mark.parametrize("name", POLICY_NAMES)
+def test_bounds_that_no_batch_can_meet_are_refused_when_built(name):
+    with pytest.raises(SeraOptError, match="below min_rollouts=5"):
+        get_policy(name, min_rollouts=5, max_rollouts=3)
+    with pytest.raises(SeraOptError, match="at least 2"):
+        get_policy(name, offset=1, min_rollouts=1)
+    with pytest.raises(SeraOptError, match="at least 2"):
+        get_policy(name, offset=1, min_rollouts=[2, 1])
+    with pytest.raises(SeraOptError, match="different lengths"):
+        get_policy(name, min_rollouts=[2, 2], max_rollouts=[4, 4, 4])
+    with pytest.raises(SeraOptError, match="index 1"):
+        get_policy(name, min_rollouts=[2, 5], max_rollouts=[4, 4])
+
+
+def test_a_minimum_above_the_default_cap_is_refused_when_built():
+    with pytest.raises(SeraOptError, match="default max_rollouts"):
+        get_policy("knapsack", min_rollouts=200)
+
+
+def test_solver_option_values_are_checked_when_built():
+    with pytest.raises(SeraOptError, match="continuous is True or False"):
+        get_policy("sera", continuous="no")
+    with pytest.raises(SeraOptError, match="milp_solver"):
+        get_policy("sera", solver="milp", milp_solver=3)
+
+
+@pytest.mark.parametrize("options", [[("offset", 1)], "offset=1", 3, {1: 2}])
+def test_malformed_config_options_give_the_library_error(options):
+    with pytest.raises(SeraOptError, match="'options' is a mapping"):
+        policy_from_config({"name": "sera", "options": options})
+
+
+@pytest.mark.parametrize("name", POLICY_NAMES)
+def test_wrongly_typed_config_values_give_the_library_error(name):
+    for options in ({"offset": "1"}, {"min_rollouts": "2"}, {"max_rollouts": [[4]]},
+                    {"min_rollouts": None, "max_rollouts": 2.5}):
+        with pytest.raises(SeraOptError):
+            policy_from_config({"name": name, "options": options})
+    with pytest.raises(SeraOptError, match="registered policy name"):
+        policy_from_config({"name": ["sera"], "options": {}})
+

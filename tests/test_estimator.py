@@ -569,11 +569,14 @@ def test_reward_error_names_the_fix():
     assert "0.25" in str(info.value) and "index 2" in str(info.value)
 
 
-def test_threshold_with_bool_rewards_warns():
-    with pytest.warns(SeraOptWarning, match="ignored"):
-        adv = sera_opt.maxrl_advantages(torch.tensor([True, False]), torch.tensor([0, 0]),
-                                        success_threshold=0.5)
-    assert adv.tolist() == [1.0, -1.0]
+@pytest.mark.parametrize("threshold", [-1.0, 0.0, 0.5, 1.0, 1.5, 2.0])
+def test_bool_rewards_meet_a_threshold_as_the_numbers_0_and_1(threshold):
+    ids = torch.tensor([0, 0, 1, 1])
+    as_bool = sera_opt.maxrl_advantages(torch.tensor([True, False, True, False]), ids,
+                                        success_threshold=threshold)
+    as_float = sera_opt.maxrl_advantages(torch.tensor([1.0, 0.0, 1.0, 0.0]), ids,
+                                         success_threshold=threshold)
+    assert as_bool.tolist() == as_float.tolist()
 
 
 def test_unvalidated_out_of_range_ids_still_fail_loudly_on_cpu():
@@ -1222,3 +1225,58 @@ def test_cuda_diagnostics_and_loss_match_cpu():
         a = sera_opt.aggregate_loss(loss, mask, mode)
         b = sera_opt.aggregate_loss(loss.cuda(), mask.cuda(), mode)
         assert b.item() == pytest.approx(a.item(), rel=1e-12)
+
+
+# ---------------------------------------------------------------- inputs taken for what they are
+def test_masked_rewards_are_refused_with_the_fix():
+    rewards = np.ma.masked_array([1.0, 0.0, 1.0], mask=[False, True, False])
+    with pytest.raises(SeraOptError, match=r"masked array.*compressed\(\).*filled"):
+        sera_opt.maxrl_advantages(rewards, [0, 0, 1])
+    with pytest.raises(SeraOptError, match="masked array"):
+        sera_opt.maxrl_advantages([1, 0], np.ma.masked_all(2, dtype=np.int64))
+
+
+def test_ragged_rewards_say_what_to_pass():
+    with pytest.raises(SeraOptError, match="flat list"):
+        sera_opt.maxrl_advantages([[1, 0], [1]], [0, 0])
+
+
+def test_meta_tensors_are_refused():
+    meta = torch.ones(4, device="meta")
+    with pytest.raises(SeraOptError, match="meta tensor"):
+        sera_opt.maxrl_advantages(meta, torch.zeros(4, dtype=torch.long, device="meta"))
+    with pytest.raises(SeraOptError, match="meta tensor"):
+        sera_opt.group_statistics(meta, torch.zeros(4, dtype=torch.long, device="meta"))
+    with pytest.raises(SeraOptError, match="meta tensor"):
+        sera_opt.policy_gradient_loss(torch.zeros(2, 3, device="meta"),
+                                      torch.ones(2, device="meta"))
+
+
+@pytest.mark.parametrize("clip_range", ["0.2", ("0.2", 0.3), (0.2, True), b"0.2"])
+def test_clip_range_must_be_numbers(clip_range):
+    logprobs = torch.zeros(2, 3)
+    with pytest.raises(SeraOptError, match="clip_range"):
+        sera_opt.policy_gradient_loss(logprobs, torch.ones(2), old_token_logprobs=logprobs,
+                                      clip_range=clip_range)
+
+
+def test_a_table_too_large_to_allocate_is_a_clear_error():
+    rewards, ids = torch.tensor([1.0, 0.0]), torch.tensor([0, 1])
+    with pytest.raises(SeraOptError, match="num_prompts=10000000000000 sizes it"):
+        sera_opt.maxrl_advantages(rewards, ids, num_prompts=10**13)
+
+
+def test_half_precision_advantages_never_overflow_silently():
+    n = 70_000  # one success: the advantage n / K = 69 999 exceeds float16's 65 504
+    rewards = (torch.arange(n) == 0).to(torch.float16)
+    ids = torch.zeros(n, dtype=torch.long)
+    with pytest.raises(SeraOptError, match="dtype=torch.float32"):
+        sera_opt.maxrl_advantages(rewards, ids)
+    wide = sera_opt.maxrl_advantages(rewards, ids, dtype=torch.float32)
+    assert wide.dtype == torch.float32 and wide[0].item() == n - 1
+    for dtype in (torch.float16, torch.bfloat16):
+        small = sera_opt.maxrl_advantages(rewards[:1000].to(dtype), ids[:1000])
+        assert small.dtype == dtype and bool(torch.isfinite(small).all())
+        assert small[0].item() == pytest.approx(999, rel=1e-2)
+    brain = sera_opt.maxrl_advantages(rewards.to(torch.bfloat16), ids)
+    assert brain.dtype == torch.bfloat16 and bool(torch.isfinite(brain).all())

@@ -190,3 +190,81 @@ class TestSupportedRange:
         alloc = sera_opt.get_policy(name, **options).allocate(p, budget)
         assert sum(int(n) for n in alloc.counts) == budget
         assert np.all((alloc.factors >= 0) & (alloc.factors <= 1)), alloc.factors
+
+
+class TestInputsTakenForWhatTheyAre:
+    """Inputs that numpy would convert silently are refused with the fix."""
+
+    @pytest.mark.parametrize("policy_name", sera_opt.available_policies())
+    def test_masked_arrays_are_refused(self, policy_name):
+        p = np.ma.masked_array([0.2, 0.5, 0.7], mask=[False, True, False])
+        policy = sera_opt.get_policy(policy_name)
+        with pytest.raises(SeraOptError, match=r"masked array.*compressed\(\).*filled"):
+            policy.allocate(p, 12)
+        fully = np.ma.masked_all(3)
+        with pytest.raises(SeraOptError, match="masked array"):
+            sera_opt.allocate(fully, 12)
+
+    @pytest.mark.parametrize("p", [[True, False, True], np.array([True, False]),
+                                   np.array([1, 0], dtype=bool)])
+    def test_booleans_are_not_probabilities(self, p):
+        with pytest.raises(SeraOptError, match="booleans, not probabilities"):
+            sera_opt.allocate(p, 12)
+        with pytest.raises(SeraOptError, match="booleans, not probabilities"):
+            AllocationProblem(p, 12)
+
+    def test_torch_bool_tensors_are_refused(self):
+        torch = pytest.importorskip("torch")
+        with pytest.raises(SeraOptError, match="booleans"):
+            sera_opt.allocate(torch.tensor([True, False]), 8)
+
+    @pytest.mark.parametrize("p", [[0.5, [0.2, 0.3]], [[0.1, 0.2], [0.3]]])
+    def test_ragged_lists_say_what_to_pass(self, p):
+        with pytest.raises(SeraOptError, match="one per prompt.*flat list"):
+            sera_opt.allocate(p, 12)
+
+    @pytest.mark.parametrize("p", [np.array([0.5, None]), np.array([0.5, 0.2], dtype=object),
+                                   ["0.5", "0.2"], np.array([b"0.5"])])
+    def test_objects_and_strings_are_refused(self, p):
+        with pytest.raises(SeraOptError, match="numeric probabilities"):
+            sera_opt.allocate(p, 12)
+
+    @pytest.mark.parametrize("policy_name", ["sera", "sera-fair", "sera-bayes"])
+    def test_the_default_cap_is_clamped_near_max_budget(self, policy_name):
+        # ceil(4 B / M) exceeds 2**53 here; the cap is clamped to the budget instead of
+        # being refused as a max_rollouts the caller never passed.
+        policy = sera_opt.get_policy(policy_name)
+        assert policy.allocate([0.5], sera_opt.MAX_BUDGET).counts.tolist() == [sera_opt.MAX_BUDGET]
+        counts = policy.allocate([0.5, 0.2], sera_opt.MAX_BUDGET).counts
+        assert int(counts.sum()) == sera_opt.MAX_BUDGET
+        with pytest.raises(SeraOptError, match="budget="):
+            policy.allocate([0.5], sera_opt.MAX_BUDGET + 1)
+
+    def test_masked_bounds_posteriors_and_norms_are_refused(self):
+        p = np.array([0.2, 0.5, 0.7])
+        masked = np.ma.masked_array([2, 2, 2], mask=[True, False, False])
+        with pytest.raises(SeraOptError, match="min_rollouts is a numpy masked array"):
+            sera_opt.allocate(p, 12, min_rollouts=masked)
+        with pytest.raises(SeraOptError, match="max_rollouts is a numpy masked array"):
+            sera_opt.allocate(p, 12, max_rollouts=masked * 3)
+        with pytest.raises(SeraOptError, match="masked array"):
+            sera_opt.get_policy("uniform", min_rollouts=masked)
+        alpha = np.ma.masked_array([1.0, 2.0, 3.0], mask=[True, False, False])
+        with pytest.raises(SeraOptError, match="masked array"):
+            sera_opt.get_policy("sera-bayes").allocate(None, 12, posterior=(alpha, np.ones(3)))
+        with pytest.raises(SeraOptError, match="masked array"):
+            sera_opt.get_policy("gvm").allocate(p, 12, gradient_norms=alpha)
+        with pytest.raises(SeraOptError, match="masked array"):
+            attenuation(np.ma.masked_array([0.2, 0.5], mask=[True, False]), [2, 3])
+
+    def test_booleans_are_no_posteriors_norms_or_probabilities_anywhere(self):
+        p = np.array([0.2, 0.5, 0.7])
+        with pytest.raises(SeraOptError, match="booleans"):
+            sera_opt.get_policy("hora").allocate(
+                None, 12, posterior=(np.array([True, True, True]), np.ones(3)))
+        with pytest.raises(SeraOptError, match="True is not read as 1"):
+            sera_opt.get_policy("gvm").allocate(p, 12, gradient_norms=[True, False, True])
+        with pytest.raises(SeraOptError, match="numeric"):
+            attenuation([True, False], [2, 3])
+        with pytest.raises(SeraOptError, match="numeric"):
+            attenuation([0.2, 0.5], [True, False])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -11,7 +12,14 @@ import numpy as np
 
 from .._registry import Registry
 from ..exceptions import SeraOptError
-from ..problem import AllocationProblem, validate_count, validate_offset, validate_real
+from ..problem import (
+    MAX_BUDGET,
+    AllocationProblem,
+    refuse_masked,
+    validate_count,
+    validate_offset,
+    validate_real,
+)
 from ..result import Allocation
 
 __all__ = [
@@ -23,6 +31,7 @@ __all__ = [
     "policy_from_config",
     "available_policies",
     "DEFAULT_MAX_RATIO",
+    "unknown_option_error",
 ]
 
 POLICIES = Registry("policy", "policies")
@@ -43,12 +52,63 @@ def _check_bound(value, name: str):
     """A per-prompt bound given at construction: None, a whole number, or an array of them."""
     if value is None:
         return None
+    refuse_masked(value, name)
     if np.ndim(value) == 0:
         return validate_count(value, name, minimum=1)
     arr = np.asarray(value)
     if arr.ndim != 1 or arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.number):
         raise SeraOptError(f"{name} must be a whole number or a 1-D array of them, got {value!r}.")
     return np.array([validate_count(v, name, minimum=1) for v in arr.tolist()], dtype=np.int64)
+
+
+def unknown_option_error(owner: str, unknown, valid) -> SeraOptError:
+    """The error for options that ``owner`` does not take: each unknown name with its
+    closest valid one (a typo's likely fix), then every valid name."""
+    hints = []
+    for key in unknown:
+        close = difflib.get_close_matches(str(key), list(valid), n=1)
+        hints.append(f"{key!r} (did you mean {close[0]!r}?)" if close else repr(key))
+    return SeraOptError(
+        f"{owner} has no option {', '.join(hints)}; its options are "
+        f"{', '.join(valid) or 'none'}."
+    )
+
+
+def _check_bounds_agree(lo, hi, offset: int, lo_given: bool, hi_given: bool,
+                        name: str) -> None:
+    """What the construction-time bounds must satisfy whatever the batch: a minimum of at
+    least ``1 + offset``, and no maximum below the minimum (per prompt when both are
+    arrays of one length)."""
+    need = 1 + offset
+    low = lo if np.ndim(lo) == 0 else (int(lo.min()) if lo.size else need)
+    if low < need:
+        why = ("with offset=1 (the mean-centred estimator) a prompt with one rollout has "
+               "factor 0 and its advantage is always 0" if offset
+               else "every prompt needs at least one rollout")
+        raise SeraOptError(
+            f"policy {name!r}: min_rollouts must be at least {need}: {why}; got {low}. Set "
+            f"min_rollouts={need} or more{', or offset=0' if offset else ''}."
+        )
+    if hi is None:
+        return
+    if np.ndim(lo) and np.ndim(hi) and lo.shape != hi.shape:
+        raise SeraOptError(
+            f"policy {name!r}: min_rollouts and max_rollouts are arrays of different lengths "
+            f"({lo.shape[0]} and {hi.shape[0]}); give one entry per prompt in both, or a "
+            f"scalar."
+        )
+    below = np.asarray(hi) < np.asarray(lo)
+    if below.any():
+        i = int(np.flatnonzero(below)[0]) if below.ndim else None
+        lo_i = int(lo if np.ndim(lo) == 0 else lo[i])
+        hi_i = int(hi if np.ndim(hi) == 0 else hi[i])
+        where = "" if i is None else f" at index {i}"
+        source = ("" if hi_given else
+                  " (the policy's default max_rollouts; pass a larger max_rollouts)")
+        raise SeraOptError(
+            f"policy {name!r}: max_rollouts={hi_i}{source} is below min_rollouts={lo_i}"
+            f"{where}: no count satisfies both. Raise max_rollouts or lower min_rollouts."
+        )
 
 
 def _check_max_ratio(max_ratio):
@@ -118,6 +178,8 @@ class AllocationPolicy(ABC):
         self.min_rollouts = max(self.default_min_rollouts, 1 + self.offset) if lo is None else lo
         hi = _check_bound(max_rollouts, "max_rollouts")
         self.max_rollouts = self.default_max_rollouts if hi is None else hi
+        _check_bounds_agree(self.min_rollouts, self.max_rollouts, self.offset, lo is not None,
+                            hi is not None, self.name)
 
     # ------------------------------------------------------------ configuration
     @classmethod
@@ -150,27 +212,37 @@ class AllocationPolicy(ABC):
     def problem(self, success_probs, budget, *, min_rollouts=None,
                 max_rollouts=None) -> AllocationProblem:
         """Validate the inputs into an :class:`~sera_opt.AllocationProblem`."""
+        lo, hi = self._call_bounds(success_probs, budget, min_rollouts, max_rollouts)
+        return AllocationProblem(success_probs, budget, min_rollouts=lo, max_rollouts=hi,
+                                 offset=self.offset)
+
+    def _call_bounds(self, success_probs, budget, min_rollouts, max_rollouts):
+        """The bounds of one call: the call's own, else the policy's, and with neither a
+        maximum the ``max_ratio`` cap (``None``: no cap)."""
         lo = self.min_rollouts if min_rollouts is None else min_rollouts
         hi = self.max_rollouts if max_rollouts is None else max_rollouts
         if hi is None and self.max_ratio is not None:
             hi = self._ratio_cap(success_probs, budget, lo)
-        return AllocationProblem(success_probs, budget, min_rollouts=lo, max_rollouts=hi,
-                                 offset=self.offset)
+        return lo, hi
 
     def _ratio_cap(self, success_probs, budget, lo):
-        """``ceil(max_ratio * budget / M)``, never below a prompt's minimum; ``None`` when
+        """``ceil(max_ratio * budget / M)`` (at most :data:`MAX_BUDGET`), never below a
+        prompt's minimum; ``None`` when
         the inputs are malformed (AllocationProblem then reports what is wrong)."""
         try:
             m = len(success_probs) if np.ndim(success_probs) == 1 else 0
             budget = validate_count(budget, "budget")
-        except (TypeError, SeraOptError):
+        except (TypeError, ValueError):  # a ragged list, a bad budget (SeraOptError)
             return None
         if not m:
             return None
         # Exact rational ceiling, in Python integers (a float product would round
         # for budgets near 2**53).
         num, den = float(self.max_ratio).as_integer_ratio()
-        cap = -((-num * budget) // (den * m))
+        # Clamped to MAX_BUDGET: a cap above the budget changes nothing (no prompt can
+        # take more), and budgets near 2**53 are then not refused for a max_rollouts
+        # that the caller never passed.
+        cap = min(-((-num * budget) // (den * m)), MAX_BUDGET)
         if np.ndim(lo) == 0:
             try:
                 return max(int(lo), cap)
@@ -284,10 +356,7 @@ def get_policy(name, **options) -> AllocationPolicy:
     cls = POLICIES.lookup(name)
     unknown = cls.unknown_options(options)
     if unknown:
-        raise SeraOptError(
-            f"policy {name!r} has no option {', '.join(map(repr, unknown))}; its options are "
-            f"{', '.join(cls.all_option_names())}."
-        )
+        raise unknown_option_error(f"policy {name!r}", unknown, cls.all_option_names())
     return cls(**options)
 
 
@@ -302,7 +371,18 @@ def policy_from_config(config: Mapping[str, Any], **objects: Any) -> AllocationP
             "a policy configuration is a mapping with 'name' and 'options', as "
             "AllocationPolicy.config() returns."
         )
-    options = dict(config["options"])
+    name, options = config["name"], config["options"]
+    if not isinstance(name, str):
+        raise SeraOptError(
+            f"a policy configuration's 'name' is a registered policy name (a string), got "
+            f"{name!r}; known policies: {', '.join(map(repr, POLICIES.names()))}."
+        )
+    if not isinstance(options, Mapping) or not all(isinstance(k, str) for k in options):
+        raise SeraOptError(
+            f"a policy configuration's 'options' is a mapping from option names (strings) to "
+            f"values, as AllocationPolicy.config() returns; got {options!r}."
+        )
+    options = dict(options)
     for key, value in options.items():
         if isinstance(value, Mapping) and set(value) == {"object", "name"}:
             given = objects.get(key)
@@ -320,8 +400,15 @@ def policy_from_config(config: Mapping[str, Any], **objects: Any) -> AllocationP
             options[key] = given
     extra = sorted(set(objects) - set(options))
     if extra:
-        raise SeraOptError(f"policy {config['name']!r} has no option {', '.join(extra)}.")
-    return get_policy(config["name"], **options)
+        raise SeraOptError(
+            f"policy {name!r}: {', '.join(map(repr, extra))} passed to policy_from_config "
+            f"but not in the configuration's options ({', '.join(options) or 'none'})."
+        )
+    try:
+        return get_policy(name, **options)
+    except TypeError as exc:  # a policy whose constructor lacks a declared option
+        raise SeraOptError(f"policy {name!r} cannot be built from this configuration: {exc}"
+                           ) from exc
 
 
 def available_policies() -> tuple[str, ...]:

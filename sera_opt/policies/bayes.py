@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..exceptions import SeraOptError
-from ..problem import AllocationProblem, validate_real
+from ..problem import AllocationProblem, owned_read_only, validate_real
 from ..result import Allocation
 from ..solvers.separable import BetaLevels, PointLevels, validate_beta_posterior
 from .base import DEFAULT_MAX_RATIO, SeparablePolicy, register_policy
@@ -98,6 +98,9 @@ class PosteriorPolicy(SeparablePolicy):
                 "posterior must be a pair (alpha, beta) of arrays, one entry per prompt."
             ) from None
         alpha, beta = validate_beta_posterior(alpha, beta)
+        # The allocation keeps the posterior (its factors are computed from it when
+        # read): its own read-only copies, so that reused buffers cannot change it.
+        alpha, beta = owned_read_only(alpha), owned_read_only(beta)
         means = alpha / (alpha + beta)
         if success_probs is None:
             success_probs = means

@@ -10,10 +10,10 @@ import numpy as np
 from ..problem import AllocationProblem
 from ..result import Allocation
 from ..solvers._tiers import even_increments
-from ..solvers.base import get_solver, is_registered
+from ..solvers.base import SOLVERS, get_solver, is_registered
 from ..solvers.separable import SeparableObjective
 from ..solvers.waterline import WaterlineSolver, allocate_batch
-from .base import DEFAULT_MAX_RATIO, AllocationPolicy, register_policy
+from .base import DEFAULT_MAX_RATIO, AllocationPolicy, register_policy, unknown_option_error
 
 __all__ = ["SERAPolicy", "UniformPolicy", "EvenCounts", "uniform_counts"]
 
@@ -60,7 +60,7 @@ class SERAPolicy(AllocationPolicy):
         super().__init__(min_rollouts=min_rollouts, max_rollouts=max_rollouts, offset=offset,
                          max_ratio=max_ratio)
         self.solver = get_solver(solver)
-        self.solver_options = self.solver.check_options(solver_options, stacklevel=2)
+        self.solver_options = check_solver_options(self.solver, solver_options, stacklevel=2)
         self.exact = self.solver.exact
 
     def allocate(self, success_probs, budget, *, min_rollouts=None, max_rollouts=None,
@@ -71,10 +71,7 @@ class SERAPolicy(AllocationPolicy):
         if (not inputs and type(success_probs) is np.ndarray and type(self.solver) is
                 WaterlineSolver and success_probs.dtype == np.float64 and
                 success_probs.ndim == 1 and success_probs.flags.c_contiguous):
-            lo = self.min_rollouts if min_rollouts is None else min_rollouts
-            hi = self.max_rollouts if max_rollouts is None else max_rollouts
-            if hi is None and self.max_ratio is not None:
-                hi = self._ratio_cap(success_probs, budget, lo)
+            lo, hi = self._call_bounds(success_probs, budget, min_rollouts, max_rollouts)
             if hi is not None or self.max_ratio is None:
                 out = allocate_batch(success_probs, budget, lo, hi, self.offset,
                                      self.solver_options.get("continuous", True))
@@ -104,9 +101,32 @@ class SERAPolicy(AllocationPolicy):
 
     @classmethod
     def unknown_options(cls, options) -> list[str]:
-        # Anything else is a solver option, which the chosen solver checks (with a
-        # warning for those it ignores) when the policy is built.
-        return []
+        # Beyond the policy's own, the options of any registered solver are accepted
+        # here: the chosen solver warns about those it ignores when the policy is built.
+        solver = options.get("solver", "waterline")
+        known = set(cls.all_option_names()) | _solver_option_names(solver)
+        return sorted(set(options) - known)
+
+
+def _solver_option_names(solver) -> set[str]:
+    """Every option some registered solver takes, and those of ``solver`` itself."""
+    names = set()
+    for key in SOLVERS.names():
+        names |= set(SOLVERS.lookup(key).options)
+    names |= set(getattr(solver, "options", ()) or ())
+    return names
+
+
+def check_solver_options(solver, options, *, stacklevel: int = 2) -> dict[str, Any]:
+    """The options of ``solver`` in ``options``: a name that no registered solver (nor
+    ``solver``) takes is refused as a typo, with the closest valid name; one that another
+    solver takes but this one ignores gets a :class:`~sera_opt.SeraOptWarning`."""
+    known = _solver_option_names(solver)
+    typos = sorted(set(options) - known)
+    if typos:
+        valid = (*SERAPolicy.all_option_names(), *sorted(known))
+        raise unknown_option_error("policy 'sera'", typos, valid)
+    return solver.check_options(options, stacklevel=stacklevel + 1)
 
 
 class EvenCounts(SeparableObjective):

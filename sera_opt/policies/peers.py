@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..exceptions import SeraOptError
-from ..problem import AllocationProblem, validate_real
+from ..problem import AllocationProblem, owned_read_only, refuse_masked, validate_real
 from ..solvers.separable import (
     HitUtility,
     InverseCountCost,
@@ -205,7 +205,14 @@ class GVMPolicy(SeparablePolicy):
 
 
 def _check_norms(gradient_norms, m: int | None) -> np.ndarray:
-    g = np.asarray(gradient_norms, dtype=np.float64)
+    refuse_masked(gradient_norms, "gradient_norms")
+    raw = np.asarray(gradient_norms)
+    if raw.dtype.kind not in "fiu":
+        raise SeraOptError(
+            f"gradient_norms must be numbers (one norm per prompt), got dtype {raw.dtype}"
+            f"{' (True is not read as 1)' if raw.dtype == np.bool_ else ''}."
+        )
+    g = raw.astype(np.float64, copy=False)
     if g.ndim != 1 or (m is not None and g.shape[0] != m):
         raise SeraOptError(
             f"gradient_norms must be 1-D with one entry per prompt"
@@ -217,5 +224,6 @@ def _check_norms(gradient_norms, m: int | None) -> np.ndarray:
         raise SeraOptError(
             f"gradient_norms must be finite and >= 0, got {g[i]!r} at index {i}."
         )
-    g.setflags(write=False)
-    return g
+    # Kept by the policy or its objective: its own copy, never the caller's buffer
+    # (nor a flag set on it).
+    return owned_read_only(g)

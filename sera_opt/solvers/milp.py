@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 
-from ..exceptions import MissingDependencyError, SolverError
+from ..exceptions import MissingDependencyError, SeraOptError, SolverError
 from ..problem import AllocationProblem
 from ..result import Allocation
 from ._tiers import fill_tiers
@@ -223,6 +223,17 @@ class MILPSolver(Solver):
     exact = True
     requires = ("cvxpy",)
     options = frozenset({"milp_solver"})
+
+    def check_options(self, options, *, stacklevel: int = 2):
+        known = super().check_options(options, stacklevel=stacklevel + 1)
+        name = known.get("milp_solver")
+        if name is not None and not isinstance(name, str):
+            # Whether it is installed is checked when solving (that needs cvxpy).
+            raise SeraOptError(
+                f"the milp solver's option milp_solver is the name of a cvxpy solver (a "
+                f"string such as 'HIGHS') or None, got {name!r}."
+            )
+        return known
 
     def _solve(self, problem: AllocationProblem, milp_solver: str | None = None) -> Allocation:
         solver = _pick_solver(milp_solver)

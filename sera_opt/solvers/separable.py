@@ -63,6 +63,7 @@ from ..exceptions import InfeasibleBudgetError, SeraOptError, SolverError
 from ..problem import (
     MAX_BUDGET,
     _exact_sum,
+    refuse_masked,
     success_rates,
     validate_count,
     validate_offset,
@@ -92,10 +93,16 @@ _MAX_TIED_STEPS = 10**7
 
 
 def _as_float_row(values, name: str, m: int | None = None) -> np.ndarray:
+    refuse_masked(values, name)
     try:
-        arr = np.asarray(values, dtype=np.float64)
+        raw = np.asarray(values)
     except (TypeError, ValueError) as exc:
         raise SeraOptError(f"{name} must be a 1-D array of numbers: {exc}") from exc
+    if raw.dtype.kind not in "fiu":
+        what = "booleans (True is not read as 1)" if raw.dtype == np.bool_ else \
+            f"dtype {raw.dtype}"
+        raise SeraOptError(f"{name} must be a 1-D array of numbers, got {what}.")
+    arr = raw.astype(np.float64, copy=False)
     if arr.ndim != 1:
         raise SeraOptError(f"{name} must be 1-D (one entry per prompt), got shape {arr.shape}.")
     if m is not None and arr.shape[0] != m:
@@ -234,9 +241,9 @@ class SeparableObjective:
         t = self.terms(counts)
         return float(t.min() if self.sense == "max-min" else t.sum())
 
-    def solve(self, budget, min_rollouts, max_rollouts, **options) -> np.ndarray:
-        """Shorthand for :func:`solve_separable` on this objective."""
-        return solve_separable(self, budget, min_rollouts, max_rollouts, **options)
+    def solve(self, budget, min_rollouts, max_rollouts, *, stats=None) -> np.ndarray:
+        """Shorthand for :func:`solve_separable` on this objective (the same arguments)."""
+        return solve_separable(self, budget, min_rollouts, max_rollouts, stats=stats)
 
     # ------------------------------------------------------------ internals
     def _counts(self, counts) -> np.ndarray:

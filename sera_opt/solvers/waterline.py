@@ -15,7 +15,8 @@ import time
 import numpy as np
 
 from .. import _jit
-from ..problem import MAX_BUDGET, AllocationProblem
+from ..exceptions import SeraOptError
+from ..problem import MAX_BUDGET, AllocationProblem, owned_read_only
 from ..result import Allocation
 from . import _tiers
 from .base import Solver, register_solver
@@ -183,9 +184,9 @@ def allocate_batch(p, budget, lo, hi, offset: int, continuous: bool):
         hi = lo + (budget - lo * m)
     elif not (type(hi) is int and lo <= hi <= MAX_BUDGET and budget <= hi * m):
         return None
-    # Read-only, as the problem holds it: the kernels are compiled for that layout.
-    view = p.view()
-    view.setflags(write=False)
+    # The problem's own read-only copy (the caller may reuse p); the kernels are
+    # compiled for that layout.
+    view = owned_read_only(p)
     rates = np.empty(m, dtype=np.float64)
     counts, relaxed, level, zeros, infs, bad = _one_call(
         view, rates, True, _scalar_bound(lo), _scalar_bound(hi), True, offset, budget - lo * m,
@@ -226,6 +227,15 @@ class WaterlineSolver(Solver):
     relaxation = True
     requires = ("numba",)
     options = frozenset({"continuous"})
+
+    def check_options(self, options, *, stacklevel: int = 2):
+        known = super().check_options(options, stacklevel=stacklevel + 1)
+        if "continuous" in known and not isinstance(known["continuous"], (bool, np.bool_)):
+            raise SeraOptError(
+                f"the waterline solver's option continuous is True or False (whether to "
+                f"compute the continuous relaxation too), got {known['continuous']!r}."
+            )
+        return known
 
     def _solve(self, problem: AllocationProblem, continuous: bool = True) -> Allocation:
         start = time.perf_counter()
