@@ -274,16 +274,13 @@ class SuccessTracker:
                 f"{r.shape[0]} rewards."
             )
         if r.dtype == np.bool_:
+            # A bool reward is the number 0 or 1, compared with the threshold like any
+            # other reward (as in the estimator): True succeeds iff 1 >= t, False iff 0 >= t.
             t = self.success_threshold
-            if t is not None and not 0 < t <= 1:
-                # True must mean what 1.0 means, and False what 0.0 means.
-                raise SeraOptError(
-                    f"rewards are booleans but success_threshold={t!r} lies outside (0, 1]: "
-                    f"it counts the reward "
-                    f"{'1.0 as a failure while True' if t > 1 else '0.0 as a success while False'}"
-                    f" is {'a success' if t > 1 else 'a failure'}. Booleans are outcomes "
-                    f"already: pass the numeric rewards, or a threshold in (0, 1]."
-                )
+            if t is not None and t > 1:
+                return np.zeros(n, dtype=np.bool_)
+            if t is not None and t <= 0:
+                return np.ones(n, dtype=np.bool_)
             return np.ascontiguousarray(r)
         if not np.issubdtype(r.dtype, np.number) or np.iscomplexobj(r):
             raise SeraOptError(f"rewards must be numbers or booleans, got dtype {r.dtype}.")
