@@ -738,8 +738,11 @@ def plot(payload: dict):
 
 # --------------------------------------------------------------------------- entry points
 
-# The demo's one peer: the library's default allocation (RolloutPlanner's), as an arm.
-DEMO_DEFAULT = DEFAULT_POLICY + "".join(f":{k}={v:g}" for k, v in DEFAULT_POLICY_OPTIONS.items())
+# The demo's one peer: the library's default allocation (RolloutPlanner's), as an arm. Its
+# offset and minimum are the experiment's, set for every arm alike (RESERVED_OPTIONS).
+_DEMO_OPTIONS = {k: v for k, v in DEFAULT_POLICY_OPTIONS.items()
+                 if k not in _harness.RESERVED_OPTIONS}
+DEMO_DEFAULT = DEFAULT_POLICY + "".join(f":{k}={v:g}" for k, v in _DEMO_OPTIONS.items())
 
 DEMO_COLUMNS = {
     0: ["uniform c=0", f"{DEMO_DEFAULT}/tracker/corrected c=0", "sera/tracker/corrected c=0",
@@ -957,7 +960,7 @@ def demo(argv=None) -> int:
     print(LEGEND.format(ratio=config.max_ratio))
     if not chosen:
         print(DEMO_LEGEND.format(default=short_label(f"{DEMO_DEFAULT}/tracker"), options=", ".join(
-            f"{k} = {v:g}" for k, v in DEFAULT_POLICY_OPTIONS.items())))
+            f"{k} = {v:g}" for k, v in _DEMO_OPTIONS.items())))
     print()
     print("Expected-estimator cosine versus uniform:")
     for line in verdict(payload, () if chosen else (f"{DEMO_DEFAULT}/tracker/corrected",)):
