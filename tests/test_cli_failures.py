@@ -42,8 +42,9 @@ def _assert_one_line(result, *fragments, status=2):
 
 
 @pytest.mark.parametrize("args, fragments", [
-    (["--option", "foo=1"], ("'foo'", "continuous", "max_ratio", "remove it")),
-    (["--option", "tol=1e-9", "--solver", "greedy"], ("'tol'", "greedy", "max_ratio")),
+    (["--option", "foo=1"], ("has no option 'foo'", "continuous", "max_ratio")),
+    (["--option", "tol=1e-9", "--solver", "greedy"], ("has no option 'tol'", "milp_solver",
+                                                      "max_ratio")),
 ])
 def test_an_option_nothing_uses_is_an_error_not_a_warning(args, fragments, capsys,
                                                           monkeypatch, recwarn):

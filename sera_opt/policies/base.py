@@ -189,9 +189,15 @@ class AllocationPolicy(ABC):
         return (*cls.option_names, *_BOUND_OPTIONS, *ratio)
 
     @classmethod
+    def accepted_option_names(cls, options: Mapping[str, Any]) -> tuple[str, ...]:
+        """Every option name this policy takes alongside ``options`` (a policy that
+        forwards options to a component, as SERA to its solver, adds the component's)."""
+        return cls.all_option_names()
+
+    @classmethod
     def unknown_options(cls, options: Mapping[str, Any]) -> list[str]:
         """The names in ``options`` that this policy does not take."""
-        return sorted(set(options) - set(cls.all_option_names()))
+        return sorted(set(options) - set(cls.accepted_option_names(options)))
 
     def config(self) -> dict[str, Any]:
         """The policy's name and every option it was built with: plain data that
@@ -356,7 +362,8 @@ def get_policy(name, **options) -> AllocationPolicy:
     cls = POLICIES.lookup(name)
     unknown = cls.unknown_options(options)
     if unknown:
-        raise unknown_option_error(f"policy {name!r}", unknown, cls.all_option_names())
+        raise unknown_option_error(f"policy {name!r}", unknown,
+                                   cls.accepted_option_names(options))
     return cls(**options)
 
 

@@ -100,12 +100,12 @@ class SERAPolicy(AllocationPolicy):
         return ("solver", *super().all_option_names())
 
     @classmethod
-    def unknown_options(cls, options) -> list[str]:
+    def accepted_option_names(cls, options) -> tuple[str, ...]:
         # Beyond the policy's own, the options of any registered solver are accepted
         # here: the chosen solver warns about those it ignores when the policy is built.
-        solver = options.get("solver", "waterline")
-        known = set(cls.all_option_names()) | _solver_option_names(solver)
-        return sorted(set(options) - known)
+        own = cls.all_option_names()
+        extra = _solver_option_names(options.get("solver", "waterline")) - set(own)
+        return (*own, *sorted(extra))
 
 
 def _solver_option_names(solver) -> set[str]:
