@@ -66,7 +66,8 @@ _KERNEL_MARKER = re.compile(rb"^from \.+_jit import njit\b", re.MULTILINE)
 _KEY_PATTERN = re.compile(r"^[0-9][\w.+!-]*-numba[\w.+!-]+-[0-9a-f]{16}$")
 
 _LOCK = threading.Lock()
-_STATE: dict = {"override": None, "resolved": None, "notice_printed": False, "used": False}
+_STATE: dict = {"override": None, "resolved": None, "notice_printed": False, "used": False,
+                "key": None}
 
 
 def kernel_sources(root: str | os.PathLike | None = None) -> list[Path]:
@@ -101,11 +102,15 @@ def _numba_version() -> str:
 
 
 def cache_key(root: str | os.PathLike | None = None) -> str:
-    """``<sera_opt version>-numba<numba version>-<hash of the kernel sources under root>``."""
+    """``<sera_opt version>-numba<numba version>-<hash of the kernel sources under root>``
+    (default: this installation's, computed once per process)."""
     from . import __version__
 
-    root = PACKAGE_ROOT if root is None else Path(root)
-    return f"{__version__}-numba{_numba_version()}-{_source_hash(root)}"
+    if root is None:
+        if _STATE.get("key") is None:
+            _STATE["key"] = f"{__version__}-numba{_numba_version()}-{_source_hash(PACKAGE_ROOT)}"
+        return _STATE["key"]
+    return f"{__version__}-numba{_numba_version()}-{_source_hash(Path(root))}"
 
 
 def _user_cache_base() -> Path:
@@ -129,8 +134,9 @@ def _base() -> tuple[Path, str]:
     try:
         return _user_cache_base(), "the per-user cache directory"
     except RuntimeError:  # no home directory to be found
-        return Path(tempfile.gettempdir()) / f"sera_opt-{os.getuid() if hasattr(os, 'getuid') else 'user'}", \
-            "the temporary directory (no home directory)"
+        user = os.getuid() if hasattr(os, "getuid") else "user"
+        return (Path(tempfile.gettempdir()) / f"sera_opt-{user}",
+                "the temporary directory (no home directory)")
 
 
 def kernel_cache_dir() -> Path:

@@ -77,8 +77,9 @@ def test_the_hashed_sources_are_every_kernel_and_all_that_they_compile_in():
         text = path.read_text()
         if "@njit" in text:
             assert path.relative_to(PACKAGE).as_posix() in hashed, f"{path} is not hashed"
-        assert "from numba import njit" not in text and "numba.njit(" not in text.replace(
-            "return numba.njit(", ""), f"{path} compiles with numba's njit, not sera_opt._jit's"
+        if path.name != "_jit.py":
+            assert "from numba import njit" not in text and "numba.njit(" not in text, \
+                f"{path} compiles with numba's njit, not sera_opt._jit's"
     allowed = {"__future__", "math", "decimal", "numpy"}
     for path in sources:
         for node in ast.walk(ast.parse(path.read_text())):
