@@ -651,3 +651,16 @@ def test_an_objective_without_a_sense_or_gains_is_refused():
 
     with pytest.raises(NotImplementedError, match="gains"):
         solve_separable(NoGains(2), 5, 1, 4)
+
+
+def test_the_python_list_of_closed_form_kinds_is_the_kernels_own():
+    """The entry kernel is chosen in Python (solve_closed compiles the closed-form engine
+    alone), so the Python set must name exactly the kinds the kernels' test sends there."""
+    from sera_opt.solvers import _separable_kernels as k
+
+    kinds = [v for name, v in vars(k).items() if name.isupper() and isinstance(v, int)
+             and name in ("BETA_LEVELS", "KNAPSACK", "HIT_UTILITY", "RLOO_VARIANCE",
+                          "INVERSE_COUNT", "POINT_HIT", "ALPHA_FAIR", "FAIR_SUM", "FAIR_LOG",
+                          "FAIR_INVERSE")]
+    assert len(kinds) == 10
+    assert {kind for kind in kinds if k._closed_form(kind)} == k.CLOSED_FORM_KINDS

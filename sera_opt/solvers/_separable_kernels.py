@@ -2039,6 +2039,29 @@ def _water_fill(starts, stops, left, out):
     return counts
 
 
+#: The kinds that :func:`_closed_form` sends to the closed-form engine, for callers that
+#: choose the entry kernel in Python (:func:`solve_closed` compiles that engine alone).
+CLOSED_FORM_KINDS = frozenset({FAIR_SUM, FAIR_LOG, FAIR_INVERSE, POINT_HIT, KNAPSACK,
+                               RLOO_VARIANCE, INVERSE_COUNT})
+
+
+@njit(cache=True, error_model="numpy")
+def solve_closed(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out):
+    """:func:`solve` for a kind of :data:`CLOSED_FORM_KINDS`, with the same arguments but
+    ``maxmin``, ``tie_rtol``, ``work_f`` and ``work_g`` (which the closed-form engine does
+    not read). Its own entry so that a first call compiles the closed-form engine only,
+    not the general one beside it (about a third of the default policy's compile time)."""
+    m = lo.shape[0]
+    total = 0
+    for i in range(m):
+        total += hi[i] - lo[i]
+    if spare <= 0:
+        return _counts_from(lo, out)
+    if spare >= total:
+        return _counts_from(hi, out)
+    return _solve_closed(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out)
+
+
 @njit(cache=True, error_model="numpy")
 def solve(kind, p0, p1, p2, c, lo, hi, spare, maxmin, tie_rtol, stats, work_i, work_f, work_g,
           out):

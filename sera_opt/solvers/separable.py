@@ -270,6 +270,10 @@ class SeparableObjective:
             # about half the time it takes in memory numba allocates (numba allocates them
             # below this size).
             m = lo.shape[0] if lo.shape[0] >= _NUMPY_STATE_FROM else 0
+            if self._kind in kernels.CLOSED_FORM_KINDS:
+                return kernels.solve_closed(self._kind, p0, p1, p2, self.offset, lo, hi, spare,
+                                            stats, np.empty((4, m), dtype=np.int64),
+                                            np.empty(m, dtype=np.int64))
             return kernels.solve(self._kind, p0, p1, p2, self.offset, lo, hi, spare,
                                  self.sense == "max-min", self._tie_rtol, stats,
                                  np.empty((4, m), dtype=np.int64), np.empty((4, m)),
