@@ -15,6 +15,7 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+from ._locking import LockedState
 from .exceptions import SeraOptError, SeraOptWarning
 from .policies import AllocationPolicy, get_policy, policy_from_config
 from .result import Allocation
@@ -40,7 +41,7 @@ DEFAULT_POLICY = "sera-fair"
 DEFAULT_POLICY_OPTIONS: dict[str, Any] = {"alpha": 1.0, "offset": 1, "min_rollouts": 2}
 
 
-class RolloutPlanner:
+class RolloutPlanner(LockedState):
     """A success tracker and an allocation policy behind two calls.
 
     :meth:`plan` turns the next batch's prompt ids and a rollout budget into
@@ -86,16 +87,6 @@ class RolloutPlanner:
         self.tracker = tracker
         self._lock = threading.RLock()
 
-    def __getstate__(self) -> dict[str, Any]:
-        # A lock cannot be pickled; the copy gets its own (see __setstate__).
-        with self._lock:
-            state = self.__dict__.copy()
-        del state["_lock"]
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.RLock()
 
     @property
     def uses_posterior(self) -> bool:

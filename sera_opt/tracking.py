@@ -21,6 +21,7 @@ import numpy as np
 
 from ._arrays import one_d
 from ._beta_evidence import BetaEvidence, fit_beta_prior
+from ._locking import LockedState
 from ._prompt_index import PromptIndex, parse_prompt_ids
 from .exceptions import SeraOptError
 
@@ -126,7 +127,7 @@ def _validated_config(*, prior, decay, num_prompts, success_threshold, fallback_
             "min_fit_prompts": int(min_fit_prompts)}
 
 
-class SuccessTracker:
+class SuccessTracker(LockedState):
     """Per-prompt success evidence and Beta posteriors, for datasets of millions of prompts.
 
     Each prompt's success probability ``p_i`` gets the posterior
@@ -227,18 +228,6 @@ class SuccessTracker:
         self._evidence = BetaEvidence(self.decay, fit=self.prior == "fit",
                                       size=self._index.size)
         self._fitted: tuple[float, float] | None = None
-        self._lock = threading.RLock()
-
-    # ------------------------------------------------------------------ threads, copies
-    def __getstate__(self) -> dict[str, Any]:
-        # A lock cannot be pickled; the copy gets its own (see __setstate__).
-        with self._lock:
-            state = self.__dict__.copy()
-        del state["_lock"]
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
         self._lock = threading.RLock()
 
     # ------------------------------------------------------------------ config
