@@ -11,6 +11,7 @@ imported by the functions that need them.
 
 from importlib import import_module as _import_module
 
+from ._version import __version__
 from .api import allocate, waterline
 from ._kernel_cache import (
     KernelCacheInfo,
@@ -74,4 +75,3 @@ def __dir__():
     return sorted(set(globals()) | set(_LAZY))
 
 
-__version__ = "0.1.0"

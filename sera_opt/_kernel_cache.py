@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from ._version import __version__
 from .exceptions import SeraOptError
 
 __all__ = [
@@ -104,8 +105,6 @@ def _numba_version() -> str:
 def cache_key(root: str | os.PathLike | None = None) -> str:
     """``<sera_opt version>-numba<numba version>-<hash of the kernel sources under root>``
     (default: this installation's, computed once per process)."""
-    from . import __version__
-
     if root is None:
         if _STATE.get("key") is None:
             _STATE["key"] = f"{__version__}-numba{_numba_version()}-{_source_hash(PACKAGE_ROOT)}"

@@ -913,7 +913,8 @@ def _version_text() -> str:
     import platform
     from importlib import metadata
 
-    from . import __version__, _kernel_cache
+    from . import _kernel_cache
+    from ._version import __version__
 
     def version(name):
         try:
