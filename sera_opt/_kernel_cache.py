@@ -13,8 +13,9 @@ So the kernels are cached in a directory of their own, outside the package:
 
 ``<base>/<key>``, where ``<key>`` is ``<sera_opt version>-numba<numba version>-<hash>``
 and ``<hash>`` is a SHA-256 over every kernel module's source (the modules that
-compile with :func:`sera_opt._jit.njit`; they import nothing but each other,
-numpy and the standard library, so their sources are all that is compiled in).
+compile with :func:`sera_opt._jit.njit`, and the package modules they import, such as
+the numba-free list of kind numbers; beyond those they import only numpy and the
+standard library, so these sources are all that is compiled in).
 An edit to any kernel file, a new release or a new numba gives a new, empty
 directory; nothing stale is ever loaded.
 
@@ -35,6 +36,7 @@ ever written into the installed package.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import os
 import re
@@ -72,18 +74,48 @@ _STATE: dict = {"override": None, "resolved": None, "notice_printed": False, "us
 
 
 def kernel_sources(root: str | os.PathLike | None = None) -> list[Path]:
-    """The kernel modules under the package directory ``root`` (default: this
-    installation), sorted: every ``.py`` file that compiles with sera_opt's njit."""
-    root = PACKAGE_ROOT if root is None else Path(root)
-    found = [path for path in sorted(root.rglob("*.py"))
-             if "__pycache__" not in path.parts and _KERNEL_MARKER.search(path.read_bytes())]
+    """The kernel sources under the package directory ``root`` (default: this
+    installation), sorted: every ``.py`` file that compiles with sera_opt's njit, and
+    every module of the package that those import (relative imports, followed
+    through; ``_jit`` itself, which only decorates, aside). A numba-free module of
+    constants that kernels compile in is part of what they compile."""
+    root = (PACKAGE_ROOT if root is None else Path(root)).resolve()
+    found = {path.resolve() for path in root.rglob("*.py")
+             if "__pycache__" not in path.parts and _KERNEL_MARKER.search(path.read_bytes())}
     if not found:
         raise SeraOptError(f"no kernel module found under {root}: the installation is incomplete; "
                            f"reinstall sera_opt.")
-    return found
+    pending = sorted(found)
+    while pending:
+        for imported in _relative_imports(pending.pop(), root):
+            if imported not in found:
+                found.add(imported)
+                pending.append(imported)
+    return sorted(found)
+
+
+def _relative_imports(path: Path, root: Path) -> list[Path]:
+    """The package modules under ``root`` that ``path`` imports with a relative import."""
+    package = path.parent
+    modules = []
+    for node in ast.walk(ast.parse(path.read_bytes(), filename=str(path))):
+        if not isinstance(node, ast.ImportFrom) or node.level == 0:
+            continue
+        base = package
+        for _ in range(node.level - 1):
+            base = base.parent
+        stem = base.joinpath(*node.module.split(".")) if node.module else base
+        targets = [stem] + [stem / alias.name for alias in node.names]
+        for target in targets:
+            for candidate in (target.with_suffix(".py"), target / "__init__.py"):
+                if (candidate.is_file() and candidate.is_relative_to(root)
+                        and candidate.name != "_jit.py"):
+                    modules.append(candidate.resolve())
+    return modules
 
 
 def _source_hash(root: Path) -> str:
+    root = root.resolve()
     digest = hashlib.sha256()
     for path in kernel_sources(root):
         digest.update(path.relative_to(root).as_posix().encode())
@@ -269,7 +301,8 @@ def kernel_cache_info(*, inspect_kernels: bool = True) -> KernelCacheInfo:
             dispatchers = [value for value in vars(module).values()
                            if hasattr(value, "signatures") and hasattr(value, "py_func")
                            and value.py_func.__module__ == name]
-            cached[name] = sum(_index_exists(d) for d in dispatchers)
+            if dispatchers:  # a numba-free module of constants has no kernel to count
+                cached[name] = sum(_index_exists(d) for d in dispatchers)
     size = sum(f.stat().st_size for f in directory.rglob("*") if f.is_file()) \
         if directory.is_dir() else 0
     return KernelCacheInfo(directory, chosen_by, cache_key(), writable, cached, size)
