@@ -42,7 +42,7 @@ from .policies import (
 from .problem import MAX_BUDGET, AllocationProblem, attenuation
 from .result import Allocation
 from .solvers import Solver, available_solvers, get_solver, register_solver
-from .solvers.separable import SeparableObjective, solve_separable
+from .separable import SeparableObjective, solve_separable
 from .tracking import SuccessTracker
 
 # Names whose modules import torch: loaded on first access so that

@@ -207,7 +207,7 @@ def success_rates(success_probs) -> np.ndarray:
     within an ulp of it, and ``p`` itself where ``w`` rounds to 1), in one compiled
     pass (this loads numba).
     """
-    from .solvers._waterline_kernels import rates_from_probs
+    from .kernels.rates import rates_from_probs
 
     p = np.ascontiguousarray(success_probs, dtype=np.float64)
     flat = p.reshape(-1)
@@ -313,7 +313,7 @@ def _as_bounds(value, name: str, m: int) -> np.ndarray:
     return arr.astype(np.int64)
 
 
-def _exact_sum(values: np.ndarray) -> int:
+def exact_sum(values: np.ndarray) -> int:
     """``sum(values)`` as a Python int, exact even where int64 would overflow."""
     # Every entry is at most 2**53, so int64 is exact while M < 2**10; beyond, the
     # float estimate tells whether the int64 sum is safe.
@@ -384,7 +384,7 @@ class AllocationProblem:
                 f"min_rollouts must be at least {need}: {why}. Got {lowest} at index {i}; "
                 f"set min_rollouts={need} or more (or drop the prompt from the batch)."
             )
-        lo_total = lo * m if isinstance(lo, int) else _exact_sum(lo)
+        lo_total = lo * m if isinstance(lo, int) else exact_sum(lo)
         capped = max_rollouts is not None
         if not capped:
             if budget < lo_total:
@@ -405,7 +405,7 @@ class AllocationProblem:
                     f"max_rollouts must be >= min_rollouts for every prompt; at index {i} "
                     f"max_rollouts={high_i} < min_rollouts={low_i}."
                 )
-            hi_total = hi * m if isinstance(hi, int) else _exact_sum(hi)
+            hi_total = hi * m if isinstance(hi, int) else exact_sum(hi)
             if budget < lo_total or budget > hi_total:
                 raise InfeasibleBudgetError(
                     f"budget={budget} is infeasible for {m} prompts with these bounds: it "
@@ -469,7 +469,7 @@ class AllocationProblem:
     def _rates_and_edges(self):
         cache = self.__dict__.get("_rates_cache")
         if cache is None:
-            kernels = _jit.kernels("sera_opt.solvers._waterline_kernels")
+            kernels = _jit.kernels("sera_opt.kernels.rates")
             p = np.ascontiguousarray(self.success_probs, dtype=np.float64)
             rates = np.empty(p.shape[0], dtype=np.float64)
             zeros, infs, _ = kernels.rates_from_probs(p, rates)  # p is validated
@@ -486,6 +486,11 @@ class AllocationProblem:
         view.setflags(write=False)
         cache = self.__dict__["_rates_cache"] = (view, int(zeros), int(infs), rates)
         return cache
+
+    def kernel_rates(self) -> np.ndarray:
+        """The rates as the writable array behind :attr:`rates`, for kernels only (numba
+        compiles a separate specialization for read-only arrays); never write to it."""
+        return self._rates_and_edges()[3]
 
     @property
     def rates(self) -> np.ndarray:
@@ -540,7 +545,7 @@ class AllocationProblem:
                 f"counts[{i}]={n[i]} lies outside [{self.min_rollouts[i]}, "
                 f"{self.max_rollouts[i]}]."
             )
-        total = _exact_sum(n)
+        total = exact_sum(n)
         if total != self.budget:
             raise SeraOptError(
                 f"counts sum to {total}, not to the budget {self.budget}."

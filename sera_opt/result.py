@@ -13,7 +13,7 @@ from .exceptions import SeraOptError
 from .problem import AllocationProblem
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .solvers.separable import SeparableObjective
+    from .separable import SeparableObjective
 
 __all__ = ["Allocation"]
 
@@ -83,7 +83,7 @@ class Allocation:
                 f"the objective has {self.objective.num_prompts} prompts, the problem {m}."
             )
         if self.posterior is not None:
-            from .solvers.separable import validate_beta_posterior
+            from .separable import validate_beta_posterior
 
             try:
                 alpha, beta = self.posterior
@@ -140,7 +140,7 @@ class Allocation:
         if self.posterior is None:
             w = np.asarray(self.problem.factors(self.counts))
         else:
-            from .policies.bayes import expected_factors
+            from .separable import expected_factors
 
             w = expected_factors(*self.posterior, self.counts, self.offset)
             w = w.astype(self.problem.dtype, copy=False)

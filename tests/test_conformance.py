@@ -32,7 +32,7 @@ from sera_opt import (
     get_solver,
     policy_from_config,
 )
-from sera_opt.policies.bayes import expected_factors
+from sera_opt.separable import expected_factors
 from sera_opt.solvers import SOLVERS
 
 

@@ -180,10 +180,10 @@ def reference_log_gain(p, m, alpha):
 @pytest.mark.parametrize("p", (1e-12, 1e-6, 0.01, 0.3, 0.7, 0.999, 1 - 1e-9))
 @pytest.mark.parametrize("m", (1, 2, 7, 40, 300))
 def test_log_gains_match_high_precision(alpha, p, m):
-    from sera_opt.solvers import _separable_kernels as kernels
+    from sera_opt.kernels import gains, kinds
 
     expected = reference_log_gain(p, m, alpha)
-    got = kernels.gain(kernels.ALPHA_FAIR, -math.log1p(-p), math.log(p), alpha, 0, m)
+    got = gains.gain(kinds.ALPHA_FAIR, -math.log1p(-p), math.log(p), alpha, 0, m)
     assert got == pytest.approx(expected, rel=1e-11, abs=1e-11), (alpha, p, m)
 
 

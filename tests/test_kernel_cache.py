@@ -67,6 +67,20 @@ def test_the_key_names_the_versions_and_changes_with_any_kernel_source(tmp_path)
     assert _kernel_cache.cache_key(tree) == key, "a module without kernels changed the key"
 
 
+def test_a_numba_free_module_that_kernels_compile_in_is_hashed(tmp_path):
+    """The kind numbers live in a module without numba (the objectives read them too);
+    the kernels compile them in as constants, so an edit there must change the key
+    (numba's own cache would not see it: numba issue 1833)."""
+    kinds = PACKAGE / "kernels" / "kinds.py"
+    assert b"njit" not in kinds.read_bytes()
+    assert kinds.resolve() in _kernel_cache.kernel_sources()
+    tree = _copy_kernel_tree(tmp_path / "pkg")
+    key = _kernel_cache.cache_key(tree)
+    copy = tree / "kernels" / "kinds.py"
+    copy.write_text(copy.read_text().replace("KNAPSACK = 2", "KNAPSACK = 12"))
+    assert _kernel_cache.cache_key(tree) != key
+
+
 def test_the_hashed_sources_are_every_kernel_and_all_that_they_compile_in():
     """Every module that compiles numba code is hashed, and the hashed modules import
     nothing of sera_opt but each other and the njit that places the cache: so the key
@@ -167,7 +181,7 @@ def test_the_command_shows_and_clears_the_cache(tmp_path):
     assert _python(ALLOCATE, env).returncode == 0
     warm = subprocess.run([*cli, "cache"], capture_output=True, text=True, env=env)
     assert warm.returncode == 0 and f"kernel cache: {key_dir} (warm: " in warm.stdout, warm
-    assert "sera_opt.solvers._waterline_kernels: " in warm.stdout
+    assert "sera_opt.kernels.waterline: " in warm.stdout
     (tmp_path / "0.0.9-numba0.60.0-0123456789abcdef").mkdir()  # an earlier version's
     (tmp_path / "keep.txt").write_text("not ours")
     cleared = subprocess.run([*cli, "cache", "clear"], capture_output=True, text=True, env=env)

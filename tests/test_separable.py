@@ -184,7 +184,7 @@ def objectives_for(rng, m, *, ties: bool):
 
 @pytest.mark.parametrize("m, ties", [(300, False), (300, True), (3000, False), (3000, True)])
 def test_fast_path_equals_exhaustive_sort_including_ties(m, ties):
-    from sera_opt.solvers._separable_kernels import _CLOSED_SUBSAMPLE_FROM
+    from sera_opt.kernels.closed import CLOSED_SUBSAMPLE_FROM
 
     rng = np.random.default_rng(m + ties)
     lo = rng.integers(2, 4, m)
@@ -197,9 +197,9 @@ def test_fast_path_equals_exhaustive_sort_including_ties(m, ties):
                                   InverseCountCost)) or (
                 isinstance(objective, AlphaFairUtility) and objective.alpha in (0.0, 1.0, 2.0)):
             # closed-form crossings (the hit utility, Knapsack, VIP's and GVM's costs,
-            # alpha = 0, 1, 2): from _CLOSED_SUBSAMPLE_FROM rows on their search opens
+            # alpha = 0, 1, 2): from CLOSED_SUBSAMPLE_FROM rows on their search opens
             # from a subsample
-            assert (stats[3] >= 1) == (m >= _CLOSED_SUBSAMPLE_FROM), stats
+            assert (stats[3] >= 1) == (m >= CLOSED_SUBSAMPLE_FROM), stats
         np.testing.assert_array_equal(counts, sorted_reference(objective, budget, lo, hi),
                                       err_msg=type(objective).__name__)
 
@@ -227,11 +227,11 @@ def test_closed_form_passes_on_repeated_rows_equal_exhaustive_sort(seed, distinc
                                       err_msg=type(objective).__name__)
 
 
-def first_at_or_below(kernels, kind, x, lam, floor, ceil):
+def first_at_or_below(gains, kind, x, lam, floor, ceil):
     """The definition of a row's count at ``lam``: the first ``k`` in ``[floor, ceil)``
     whose evaluated gain is at or below ``lam``, else ``ceil``."""
     for k in range(floor, ceil):
-        if kernels.gain(kind, x[0], x[1], x[2], 0, k) <= lam:
+        if gains.gain(kind, x[0], x[1], x[2], 0, k) <= lam:
             return k
     return ceil
 
@@ -246,28 +246,28 @@ def test_knapsack_counts_certified_by_bounds_equal_the_evaluated_crossing(p, flo
     """A Knapsack row's count is settled from bounds on its gain, without evaluating one,
     except within a margin of a step. Wherever it is settled it must be the count that
     evaluating the gains gives, also at values equal to a gain or one float beside it."""
-    from sera_opt.solvers import _separable_kernels as kernels
+    from sera_opt.kernels import crossing, gains, kinds
 
     objective = KnapsackValue(np.array([p]))
     x = tuple(row[0] for row in objective._params())
     ceil = floor + width
-    lam = kernels.gain(kernels.KNAPSACK, *x, 0, pick)
+    lam = gains.gain(kinds.KNAPSACK, *x, 0, pick)
     if shift is None:
         lam *= 0.7  # between steps
     elif shift:
         for _ in range(abs(shift)):
             lam = np.nextafter(lam, np.inf if shift > 0 else -np.inf)
     log_lam = np.log(lam) if lam > 0 else np.nan
-    k = kernels._knapsack_count(*x, log_lam, floor, ceil)
-    assert k == -1 or k == first_at_or_below(kernels, kernels.KNAPSACK, x, lam, floor, ceil)
+    k = gains.knapsack_count(*x, log_lam, floor, ceil)
+    assert k == -1 or k == first_at_or_below(gains, kinds.KNAPSACK, x, lam, floor, ceil)
     # The engine's count, settled or searched, is the definition too.
-    k, settled = kernels._settled_start(kernels.KNAPSACK, *x, 0, lam,
-                                        kernels._pass_constant(kernels.KNAPSACK, lam), floor,
+    k, settled = crossing.settled_start(kinds.KNAPSACK, *x, 0, lam,
+                                        gains.pass_constant(kinds.KNAPSACK, lam), floor,
                                         ceil)
     if not settled:
-        k, _, _ = kernels._crossing(kernels.KNAPSACK, *x, 0, lam, floor, ceil, k, np.nan,
+        k, _, _ = crossing.row_crossing(kinds.KNAPSACK, *x, 0, lam, floor, ceil, k, np.nan,
                                     np.nan)
-    assert k == first_at_or_below(kernels, kernels.KNAPSACK, x, lam, floor, ceil)
+    assert k == first_at_or_below(gains, kinds.KNAPSACK, x, lam, floor, ceil)
 
 
 @settings(max_examples=400, deadline=None)
@@ -283,22 +283,22 @@ def test_quadratic_roots_settle_vip_and_gvm_counts_as_the_gains_do(vip, a, b, fl
     margin of a step, or (VIP) where ``lam - b`` is the small difference of two large
     numbers. Wherever it is settled it must be the count that evaluating the gains gives,
     also at values equal to a gain, a float or two beside it, and between steps."""
-    from sera_opt.solvers import _separable_kernels as kernels
+    from sera_opt.kernels import crossing, gains, kinds
 
-    kind = kernels.RLOO_VARIANCE if vip else kernels.INVERSE_COUNT
+    kind = kinds.RLOO_VARIANCE if vip else kinds.INVERSE_COUNT
     x = (a, b, b) if vip else (a, a, a)
     ceil = floor + width
-    lam = kernels.gain(kind, *x, 0, pick)
+    lam = gains.gain(kind, *x, 0, pick)
     if shift is None:
-        lam = (lam + kernels.gain(kind, *x, 0, pick + 1)) / 2 if np.isfinite(lam) else lam
+        lam = (lam + gains.gain(kind, *x, 0, pick + 1)) / 2 if np.isfinite(lam) else lam
     elif shift:
         for _ in range(abs(shift)):
             lam = np.nextafter(lam, np.inf if shift > 0 else -np.inf)
-    k, settled = kernels._settled_start(kind, *x, 0, lam, kernels._pass_constant(kind, lam),
+    k, settled = crossing.settled_start(kind, *x, 0, lam, gains.pass_constant(kind, lam),
                                         floor, ceil)
     if not settled:
-        k, _, _ = kernels._crossing(kind, *x, 0, lam, floor, ceil, k, np.nan, np.nan)
-    assert k == first_at_or_below(kernels, kind, x, lam, floor, ceil), settled
+        k, _, _ = crossing.row_crossing(kind, *x, 0, lam, floor, ceil, k, np.nan, np.nan)
+    assert k == first_at_or_below(gains, kind, x, lam, floor, ceil), settled
 
 
 @settings(max_examples=400, deadline=None)
@@ -311,16 +311,16 @@ def test_hit_utility_walk_reads_gains_bit_for_bit(alpha, beta, k, below, width, 
     utility's gains on the way: they must be exactly :func:`gain`'s (or rows equal in
     value would not tie, and counts would depend on the route taken), and the step it
     settles on must be the first at or below the value."""
-    from sera_opt.solvers import _separable_kernels as kernels
+    from sera_opt.kernels import gains, kinds
 
-    kind = kernels.HIT_UTILITY
+    kind = kinds.HIT_UTILITY
     objective = HitUtility(np.array([alpha]), np.array([beta]))
     x = tuple(row[0] for row in objective._params())
     floor = max(k - below, 0)
     ceil = k + width
 
     def g(step):
-        return kernels.gain(kind, *x, 0, step)
+        return gains.gain(kind, *x, 0, step)
 
     lam = g(pick)
     if shift is None:
@@ -328,17 +328,17 @@ def test_hit_utility_walk_reads_gains_bit_for_bit(alpha, beta, k, below, width, 
     elif shift:
         lam = np.nextafter(lam, np.inf if shift > 0 else -np.inf)
     # The walk's precondition, as a count pass gives it: every step below floor is above lam.
-    floor = min(floor, first_at_or_below(kernels, kind, x, lam, 0, k))
+    floor = min(floor, first_at_or_below(gains, kind, x, lam, 0, k))
     g_below = g(floor - 1) if floor > 0 else np.inf
     g_ceil = g(ceil)
-    step, nxt, lst, state = kernels._hit_walk(x[0], x[1], lam, k, floor, ceil, g_below, g_ceil)
+    step, nxt, lst, state = gains.hit_walk(x[0], x[1], lam, k, floor, ceil, g_below, g_ceil)
     if state == 1:
         assert step == k - 2 and step >= floor and nxt == g(step) and nxt <= lam
         assert np.isnan(lst)
         return
     assert lst == (g_below if step == floor else g(step - 1)) and lst > lam
     if state == 0:
-        assert step == first_at_or_below(kernels, kind, x, lam, floor, ceil)
+        assert step == first_at_or_below(gains, kind, x, lam, floor, ceil)
         assert nxt == (g_ceil if step == ceil else g(step))
     else:
         assert state == 2 and k - 1 < step < ceil and np.isnan(nxt)
@@ -348,7 +348,7 @@ def test_knapsack_counts_are_mostly_settled_without_evaluating_a_gain():
     """The bounds settle all rows but those near a step or with p near 1/2 (where both of
     the gain's terms matter): for uniform probabilities at a threshold of 8 rollouts a
     prompt, all but a few in a hundred."""
-    from sera_opt.solvers import _separable_kernels as kernels
+    from sera_opt.kernels import gains
 
     rng = np.random.default_rng(3)
     p = rng.uniform(0.0, 1.0, 20_000)
@@ -356,7 +356,7 @@ def test_knapsack_counts_are_mostly_settled_without_evaluating_a_gain():
     counts = solve_separable(objective, 8 * p.size, np.ones(p.size, np.int64),
                              np.full(p.size, 64, np.int64))
     lam = float(np.median(objective.gains(counts)))
-    settled = [kernels._knapsack_count(objective._p0[i], objective._p1[i], objective._p2[i],
+    settled = [gains.knapsack_count(objective._p0[i], objective._p1[i], objective._p2[i],
                                        np.log(lam), 1, 64) >= 0 for i in range(p.size)]
     assert np.mean(settled) > 0.97
 
@@ -385,7 +385,7 @@ def test_a_tied_plateau_beyond_the_collection_limit_follows_the_tie_rule(m):
     """Every prompt with the same estimate: the closed-form search closes on one tied gain
     value holding more steps than it collects (2,048), and hands them out by the tie rule
     (fewer rollouts first, then the lower index) without collecting them."""
-    from sera_opt.solvers._separable_kernels import _COLLECT_MIN
+    from sera_opt.kernels.bracket import COLLECT_MIN
 
     rng = np.random.default_rng(m)
     p = np.full(m, 0.37)
@@ -400,9 +400,9 @@ def test_a_tied_plateau_beyond_the_collection_limit_follows_the_tie_rule(m):
             np.testing.assert_array_equal(counts, sorted_reference(objective, budget, lo, hi),
                                           err_msg=type(objective).__name__)
             # A plateau larger than the limit is water-filled, not collected.
-            assert stats[1] <= _COLLECT_MIN, stats
+            assert stats[1] <= COLLECT_MIN, stats
             plateaus += stats[1] == 0
-    if m > _COLLECT_MIN:
+    if m > COLLECT_MIN:
         assert plateaus > 0
 
 
@@ -453,10 +453,10 @@ def test_beta_objectives_solve_alike_with_the_guess_row_and_the_exact_one(m):
 
 def in_guess_blocks(func, x):
     """``func`` applied in place to ``x`` block by block, as the kernels call it."""
-    from sera_opt.solvers import _separable_kernels as kernels
+    from sera_opt.kernels import betamath
 
     out = x.copy()
-    block = kernels._LOG_BLOCK
+    block = betamath.LOG_BLOCK
     for start in range(0, x.size, block):
         chunk = out[start:start + block].copy()
         func(chunk, chunk.size, np.empty(block))
@@ -472,10 +472,10 @@ def test_guess_exponentials_are_within_1e_10_of_exp(values):
     """The hit utility's guesses take their exponential from a series and the float's
     exponent bits (so that the first pass's block loops vectorize): within 1e-10
     (relative) of ``exp`` over the whole range the pass clips to, in blocks of any fill."""
-    from sera_opt.solvers import _separable_kernels as kernels
+    from sera_opt.kernels import betamath
 
     x = np.array(values)
-    out = in_guess_blocks(kernels._approx_exps, x)
+    out = in_guess_blocks(betamath.approx_exps, x)
     assert np.max(np.abs(out / np.exp(x) - 1.0)) <= 1e-10
 
 
@@ -489,10 +489,10 @@ def test_guess_logs_are_within_1e_9_of_log(values):
     """The guess row's logs come from the float's bits and a short series (so that its
     loops vectorize): within 1e-9 of the log for every positive normal float, in blocks
     of any fill."""
-    from sera_opt.solvers import _separable_kernels as kernels
+    from sera_opt.kernels import betamath
 
     x = np.array(values)
-    out = in_guess_blocks(kernels._approx_logs, x)
+    out = in_guess_blocks(betamath.approx_logs, x)
     assert np.max(np.abs(out - np.log(x))) <= 1e-9
 
 
@@ -501,7 +501,7 @@ def test_state_in_numpy_memory_gives_the_same_counts(monkeypatch):
     """From 65,536 prompts the kernels keep their per-row state and write the counts in
     memory that numpy allocates (huge pages). The counts must be those of the kernels'
     own allocations, bit for bit, and must not be a view of that state."""
-    from sera_opt.solvers import separable
+    from sera_opt.separable import objective as separable
 
     m = separable._NUMPY_STATE_FROM + 1000
     rng = np.random.default_rng(11)
@@ -656,11 +656,11 @@ def test_an_objective_without_a_sense_or_gains_is_refused():
 def test_the_python_list_of_closed_form_kinds_is_the_kernels_own():
     """The entry kernel is chosen in Python (solve_closed compiles the closed-form engine
     alone), so the Python set must name exactly the kinds the kernels' test sends there."""
-    from sera_opt.solvers import _separable_kernels as k
+    from sera_opt.kernels import gains, kinds
 
-    kinds = [v for name, v in vars(k).items() if name.isupper() and isinstance(v, int)
-             and name in ("BETA_LEVELS", "KNAPSACK", "HIT_UTILITY", "RLOO_VARIANCE",
-                          "INVERSE_COUNT", "POINT_HIT", "ALPHA_FAIR", "FAIR_SUM", "FAIR_LOG",
-                          "FAIR_INVERSE")]
-    assert len(kinds) == 10
-    assert {kind for kind in kinds if k._closed_form(kind)} == k.CLOSED_FORM_KINDS
+    numbers = [v for name, v in vars(kinds).items() if name.isupper() and isinstance(v, int)
+               and name in ("BETA_LEVELS", "KNAPSACK", "HIT_UTILITY", "RLOO_VARIANCE",
+                            "INVERSE_COUNT", "POINT_HIT", "ALPHA_FAIR", "FAIR_SUM", "FAIR_LOG",
+                            "FAIR_INVERSE")]
+    assert len(numbers) == 10
+    assert {kind for kind in numbers if gains.closed_form(kind)} == kinds.CLOSED_FORM_KINDS

@@ -214,6 +214,16 @@ def python_count_below(rates, m_lo, cap, level):
     return [sum(1 for k in range(c) if a * (m + k) < level) for a, m, c in zip(rates, m_lo, cap)]
 
 
+def count_below(rates, m_lo, cap, level, out):
+    """Per prompt, the waterline kernels' count of pre-levels strictly below ``level``
+    (their per-prompt kernel, one prompt at a time); returns the total."""
+    from sera_opt.kernels.waterline_counts import count_one
+
+    for i in range(rates.shape[0]):
+        out[i] = count_one(rates[i], m_lo[i], cap[i], level)
+    return int(out.sum())
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(st.tuples(st.floats(1e-3, 20.0), st.integers(1, 5), st.integers(0, 12)),
@@ -221,8 +231,6 @@ def python_count_below(rates, m_lo, cap, level):
     st.floats(0.0, 300.0),
 )
 def test_count_below_matches_python(items, level):
-    from sera_opt.solvers._waterline_kernels import count_below
-
     rates = np.array([a for a, _, _ in items], dtype=np.float64)
     m_lo = np.array([m for _, m, _ in items], dtype=np.int64)
     cap = np.array([c for _, _, c in items], dtype=np.int64)
@@ -235,8 +243,6 @@ def test_count_below_matches_python(items, level):
 
 def test_count_below_at_exact_products():
     # A level equal to a pre-level is not counted: strictly below only.
-    from sera_opt.solvers._waterline_kernels import count_below
-
     rates = np.array([0.1, 0.3, 1 / 3])
     m_lo = np.array([1, 1, 3], dtype=np.int64)
     cap = np.array([50, 50, 50], dtype=np.int64)
@@ -267,7 +273,7 @@ def _block_count_cases():
 def test_block_counts_match_python(items, level, at_pre_level):
     # The vectorized counts (one division, one settling step each way) against the
     # definition, over several blocks, with scalar and per-prompt bounds.
-    from sera_opt.solvers._waterline_kernels import _total_below
+    from sera_opt.kernels.waterline_counts import total_below
 
     rates = np.array([a for a, _, _ in items], dtype=np.float64)
     m_lo = np.array([m for _, m, _ in items], dtype=np.int64)
@@ -275,14 +281,14 @@ def test_block_counts_match_python(items, level, at_pre_level):
     if at_pre_level:  # a level that is exactly one prompt's pre-level
         level = float(rates[0] * (m_lo[0] + cap[0] // 2))
     expected = sum(python_count_below(rates.tolist(), m_lo.tolist(), cap.tolist(), level))
-    assert _total_below(rates, m_lo, m_lo + cap, False, 0, level) == expected
+    assert total_below(rates, m_lo, m_lo + cap, False, 0, level) == expected
     one = python_count_below(rates.tolist(), [int(m_lo[0])] * len(items),
                              [int(cap[0])] * len(items), level)
-    assert _total_below(rates, m_lo[:1], m_lo[:1] + cap[:1], True, 0, level) == sum(one)
+    assert total_below(rates, m_lo[:1], m_lo[:1] + cap[:1], True, 0, level) == sum(one)
 
 
 def test_block_counts_at_exact_products_and_huge_quotients():
-    from sera_opt.solvers._waterline_kernels import _total_below, count_below
+    from sera_opt.kernels.waterline_counts import total_below
 
     for rates, m_lo, cap, level in _block_count_cases():
         out = np.empty(rates.shape[0], dtype=np.int64)
@@ -290,12 +296,12 @@ def test_block_counts_at_exact_products_and_huge_quotients():
         if cap.max() <= 50:  # the definition itself is cheap to evaluate here
             assert out.tolist() == python_count_below(rates.tolist(), m_lo.tolist(),
                                                       cap.tolist(), level)
-        assert _total_below(rates, m_lo, m_lo + cap, False, 0, level) == expected, (cap, level)
+        assert total_below(rates, m_lo, m_lo + cap, False, 0, level) == expected, (cap, level)
 
 
 def _kernel_problem(rng, m, kind, uniform):
     """Probabilities, their rates and bounds as the waterline kernels take them."""
-    from sera_opt.solvers._waterline_kernels import rates_from_probs
+    from sera_opt.kernels.rates import rates_from_probs
 
     p = {"uniform": lambda: rng.uniform(1e-6, 1 - 1e-6, m),
          "tied": lambda: rng.choice([0.1, 0.5, 0.9], m),
@@ -319,7 +325,7 @@ def test_a_guessed_bracket_gives_the_counts_of_the_search(kind):
     # The integer solve guesses its first bracket from the relaxation; whether the guess
     # holds, misses (a wrong level, slope or active count), or is not tried (no hint),
     # the counts are the greedy's. Both routes are taken over these problems.
-    from sera_opt.solvers._waterline_kernels import linear_relax, linear_solve
+    from sera_opt.kernels.waterline import linear_relax, linear_solve
 
     rng = np.random.default_rng(11)
     held = []
@@ -374,11 +380,11 @@ def test_rates_are_within_two_ulp_of_the_exact_value(probs):
     # p = 0 and p = 1 are counted, and the extremes and sum 1/a are those of the output.
     from decimal import Decimal
 
-    from sera_opt.solvers._waterline_kernels import _rates_pass
+    from sera_opt.kernels.rates import rates_pass
 
     p = np.array(probs, dtype=np.float64)
     out = np.empty_like(p)
-    zeros, infs, bad, a_min, a_max, inv_sum = _rates_pass(p, out, True)
+    zeros, infs, bad, a_min, a_max, inv_sum = rates_pass(p, out, True)
     assert (zeros, infs, bad) == (int(np.sum(p == 0)), int(np.sum(p == 1)), 0)
     for x, a in zip(p.tolist(), out.tolist()):
         if x == 0.0:
@@ -394,7 +400,7 @@ def test_rates_are_within_two_ulp_of_the_exact_value(probs):
 
 
 def test_rates_of_values_that_are_not_probabilities_are_counted():
-    from sera_opt.solvers._waterline_kernels import rates_from_probs
+    from sera_opt.kernels.rates import rates_from_probs
 
     p = np.array([0.5, np.nan, -0.0, -1e-300, np.nextafter(1.0, 2.0), np.inf, 0.25] * 50)
     out = np.empty_like(p)
@@ -405,7 +411,7 @@ def test_rates_of_values_that_are_not_probabilities_are_counted():
 def test_the_block_log_is_within_an_ulp_of_the_exact_log():
     from decimal import Decimal, localcontext
 
-    from sera_opt.solvers._waterline_kernels import _block_logs
+    from sera_opt.kernels.rates import block_logs
 
     rng = np.random.default_rng(4)
     x = np.concatenate([rng.uniform(2.0**-54, 1.0, 3000), 10.0 ** rng.uniform(-16, 0, 3000),
@@ -413,7 +419,7 @@ def test_the_block_log_is_within_an_ulp_of_the_exact_log():
                         np.nextafter(1.0, 0) - rng.integers(0, 1000, 500) * 2.0**-53])
     mant, exp = np.frexp(x)  # x = mant 2^exp with mant in [0.5, 1)
     vals = mant * 2.0
-    _block_logs(vals, (exp - 1).astype(np.float64), x.shape[0])
+    block_logs(vals, (exp - 1).astype(np.float64), x.shape[0])
     with localcontext() as ctx:
         ctx.prec = 50
         for v, xi in zip(vals.tolist(), x.tolist()):

@@ -321,7 +321,7 @@ class SeparablePolicy(AllocationPolicy):
 
     def _solve(self, problem: AllocationProblem, objective, start: float, *,
                posterior=None) -> Allocation:
-        from ..solvers.separable import SeparableObjective, _solve
+        from ..separable.objective import SeparableObjective, solve_validated
 
         if not isinstance(objective, SeparableObjective) or \
                 objective.num_prompts != problem.num_prompts:
@@ -329,7 +329,7 @@ class SeparablePolicy(AllocationPolicy):
                 f"{type(self).__name__}.objective must return a SeparableObjective over the "
                 f"problem's {problem.num_prompts} prompts, got {objective!r}."
             )
-        counts = _solve(objective, problem.min_rollouts, problem.max_rollouts,
+        counts = solve_validated(objective, problem.min_rollouts, problem.max_rollouts,
                         problem.spare_budget, np.zeros(4, dtype=np.int64))
         return Allocation._trusted(problem, counts, solver=self.name,
                                    wall_time=time.perf_counter() - start,

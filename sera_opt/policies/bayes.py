@@ -23,23 +23,12 @@ import numpy as np
 from ..exceptions import SeraOptError
 from ..problem import AllocationProblem, owned_read_only, validate_real
 from ..result import Allocation
-from ..solvers.separable import BetaLevels, PointLevels, validate_beta_posterior
+from ..separable import BetaLevels, PointLevels, expected_factors, validate_beta_posterior
 from .base import DEFAULT_MAX_RATIO, SeparablePolicy, register_policy
 
 __all__ = ["PosteriorPolicy", "SERABayesPolicy", "expected_factors"]
 
 DEFAULT_PRIOR_STRENGTH = 8.0
-
-
-def expected_factors(alpha, beta, counts, offset: int = 0) -> np.ndarray:
-    """``E[w_c(p, n)]`` for ``p ~ Beta(alpha, beta)``, elementwise (float64).
-
-    ``alpha = 0`` is a point mass at ``p = 0`` (factor 0) and ``beta = 0`` one
-    at ``p = 1`` (factor 1 once ``n > c``).
-    """
-    a, b = validate_beta_posterior(alpha, beta)
-    levels = BetaLevels(a, b, offset=offset).terms(np.asarray(counts, dtype=np.int64))
-    return -np.expm1(-levels)
 
 
 class PosteriorPolicy(SeparablePolicy):

@@ -9,9 +9,9 @@ import numpy as np
 
 from ..problem import AllocationProblem
 from ..result import Allocation
-from ..solvers._tiers import even_increments
+from ..separable.tiers import even_increments
 from ..solvers.base import SOLVERS, get_solver, is_registered
-from ..solvers.separable import SeparableObjective
+from ..separable import SeparableObjective
 from ..solvers.waterline import WaterlineSolver, allocate_batch
 from .base import DEFAULT_MAX_RATIO, AllocationPolicy, register_policy, unknown_option_error
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from ..problem import AllocationProblem
-from ..solvers.separable import AlphaFairUtility, PointLevels, check_alpha
+from ..separable import AlphaFairUtility, PointLevels, check_alpha
 from .base import DEFAULT_MAX_RATIO, SeparablePolicy, register_policy
 
 __all__ = ["SERAFairPolicy"]

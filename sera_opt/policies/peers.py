@@ -16,7 +16,7 @@ import numpy as np
 
 from ..exceptions import SeraOptError
 from ..problem import AllocationProblem, owned_read_only, refuse_masked, validate_real
-from ..solvers.separable import (
+from ..separable import (
     HitUtility,
     InverseCountCost,
     KnapsackValue,

@@ -9,9 +9,8 @@ import numpy as np
 
 from ..problem import AllocationProblem
 from ..result import Allocation
-from . import _tiers
+from ..separable import PointLevels, tiers
 from .base import Solver, register_solver
-from .separable import PointLevels
 
 __all__ = ["GreedySolver", "greedy_counts", "greedy_increments"]
 
@@ -37,7 +36,7 @@ def greedy_increments(rates, m_lo, cap, extra: int) -> np.ndarray:
 
 def greedy_counts(problem: AllocationProblem) -> np.ndarray:
     """SERA's integer optimum by the one-at-a-time greedy, with the edge order of
-    :mod:`sera_opt.solvers._tiers`."""
+    :mod:`sera_opt.separable.tiers`."""
     rates = problem.rates
     lo = problem.min_rollouts
     m_lo = lo - problem.offset
@@ -46,7 +45,7 @@ def greedy_counts(problem: AllocationProblem) -> np.ndarray:
     def finite(idx, take):
         return greedy_increments(rates[idx], m_lo[idx], cap[idx], take)
 
-    return lo + _tiers.fill_tiers(m_lo, cap, problem.spare_budget, rates == 0, np.isinf(rates),
+    return lo + tiers.fill_tiers(m_lo, cap, problem.spare_budget, rates == 0, np.isinf(rates),
                                   finite)
 
 

@@ -9,9 +9,9 @@ import numpy as np
 from ..exceptions import MissingDependencyError, SeraOptError, SolverError
 from ..problem import AllocationProblem
 from ..result import Allocation
-from ._tiers import fill_tiers
+from ..separable import PointLevels
+from ..separable.tiers import fill_tiers
 from .base import Solver, register_solver
-from .separable import PointLevels
 
 __all__ = ["MILPSolver"]
 

@@ -4,7 +4,7 @@ This is SERA's fast path in the separable engine: the objective is
 :class:`~sera_opt.solvers.separable.PointLevels`. When no prompt has ``p = 0``
 or ``p = 1`` (the common case) the kernels run once over all prompts, with
 scalar bounds passed as scalars; otherwise the edges go through
-:mod:`~sera_opt.solvers._tiers` and the kernels serve the ordinary prompts.
+:mod:`~sera_opt.separable.tiers` and the kernels serve the ordinary prompts.
 """
 
 from __future__ import annotations
@@ -18,15 +18,14 @@ from .. import _jit
 from ..exceptions import SeraOptError
 from ..problem import MAX_BUDGET, AllocationProblem, owned_read_only
 from ..result import Allocation
-from . import _tiers
+from ..separable import PointLevels, tiers
 from .base import Solver, register_solver
-from .separable import PointLevels
 
 __all__ = ["WaterlineSolver", "allocate_batch", "continuous_waterline", "integer_waterline"]
 
 
 def _kernels():
-    return _jit.kernels("sera_opt.solvers._waterline_kernels")
+    return _jit.kernels("sera_opt.kernels.waterline")
 
 
 # One-entry bound arrays of the kernels, by value: a batch loop asks for the same
@@ -61,7 +60,7 @@ def continuous_waterline(problem: AllocationProblem) -> tuple[np.ndarray, float]
     locates the piece that contains the root and solves that piece's line in
     closed form, so the result is exact up to one rounding of the final
     division (no tolerance loop). Prompts with ``p = 0`` / ``p = 1`` follow the
-    limit order of :mod:`sera_opt.solvers._tiers`.
+    limit order of :mod:`sera_opt.separable.tiers`.
     """
     counts, level, _, _ = _relax(problem)
     return counts, level
@@ -96,7 +95,7 @@ def _relax(problem: AllocationProblem) -> tuple[np.ndarray, float, float, int]:
         # relaxation; report the lowest.
         return float(PointLevels.from_problem(problem).terms(lo).min())
 
-    level, inc = _tiers.fill_tiers(m_lo, cap, problem.spare_budget, rates == 0, np.isinf(rates),
+    level, inc = tiers.fill_tiers(m_lo, cap, problem.spare_budget, rates == 0, np.isinf(rates),
                                    finite, continuous=True, finite_level=lowest_level)
     return lo + inc, float(level), 0.0, 0
 
@@ -122,9 +121,9 @@ def integer_waterline(problem: AllocationProblem, hint: float = math.nan,
                      float(hint), float(hint_slope), int(hint_active), counts)
         return counts
     objective = PointLevels.from_problem(problem, hint=hint)
-    from .separable import _solve
+    from ..separable.objective import solve_validated
 
-    return _solve(objective, problem.min_rollouts, problem.max_rollouts, problem.spare_budget,
+    return solve_validated(objective, problem.min_rollouts, problem.max_rollouts, problem.spare_budget,
                   np.zeros(4, dtype=np.int64))
 
 

@@ -1,0 +1,13 @@
+"""The compiled kernels (numba), by concept; the bottom of the data path.
+
+Importing this package loads nothing: each kernel module is imported on first use
+through :func:`sera_opt._jit.kernels`, which loads numba. :mod:`.kinds` is numba-free
+and is the one list of the objectives' kind numbers.
+
+* :mod:`.rates`: ``a = -log(1 - p)`` in one pass (what :mod:`sera_opt.problem` needs);
+* :mod:`.waterline`, :mod:`.waterline_counts`: SERA's linear levels, counts per level;
+* :mod:`.entries`: the separable engine's two entry kernels, over
+  :mod:`.gains` (per-kind gains, from :mod:`.betamath`), :mod:`.crossing` (a row's
+  crossing of a value), :mod:`.bracket` and :mod:`.general` (the general engine),
+  :mod:`.closed` (the closed-form engine), :mod:`.selection` and :mod:`.floatkeys`.
+"""

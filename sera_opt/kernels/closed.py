@@ -1,0 +1,514 @@
+"""The closed-form engine (numba kernels): for the kinds whose row crossing has a closed
+form (:data:`~sera_opt.kernels.kinds.CLOSED_FORM_KINDS`) the bracket keeps no per-row
+state; each pass recounts every row from its closed form, with a small memo.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .._jit import njit
+from .bracket import COLLECT_MIN, NEWTON_ROUNDS, OVERSHOOT, SUBSAMPLE, SUBSAMPLE_FROM
+from .crossing import row_crossing, settled_start
+from .floatkeys import counts_from, float_key, float_key_below, float_unkey
+from .gains import gain, pass_constant
+from .general import select_spare
+from .selection import kth_largest, pick_ties, take_beyond
+
+_INF = np.inf
+
+# The closed-form kinds start from a subsample (one row in sixteen) from this many rows
+# on; below, from the rows' extreme gains.
+CLOSED_SUBSAMPLE_FROM = 512
+
+
+# The memo of rows with equal parameters (see _closed_count and _memo_new): 64
+# entries, indexed by the top bits of a multiplicative hash of the parameters' bits.
+_MEMO_SIZE = 64
+
+
+_MEMO_SHIFT = np.uint64(58)
+
+
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _closed_crossing(kind, x0, x1, x2, c, lam, aux, floor, ceil):
+    """First ``k`` in ``[floor, ceil)`` with ``gain(k) <= lam`` (``ceil`` when none), for
+    a kind whose crossing is known in closed form: the closed form where it is not
+    within rounding of a step, the exact galloping search otherwise."""
+    start, settled = settled_start(kind, x0, x1, x2, c, lam, aux, floor, ceil)
+    if settled:
+        return start
+    k, _, _ = row_crossing(kind, x0, x1, x2, c, lam, floor, ceil, start, np.nan, np.nan)
+    return k
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _memo_new():
+    """An empty memo of rows with equal parameters (direct-mapped, ``_MEMO_SIZE`` entries of
+    the parameters' bits, two integers that must also match, and the value stored), and
+    the bit-cast buffers its lookups use."""
+    fbuf = np.empty(3, dtype=np.float64)
+    return np.full((_MEMO_SIZE, 6), -1, dtype=np.int64), fbuf, fbuf.view(np.int64)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _memo_entry(memo, x0, x1, x2, u, v, fbuf, ibuf):
+    """The memo entry of a row's parameters and ``(u, v)``, and the value it holds for them
+    (-1 when it holds none, or another row's)."""
+    fbuf[0] = x0
+    fbuf[1] = x1
+    fbuf[2] = x2
+    entry = memo[np.int64(((np.uint64(ibuf[0]) ^ (np.uint64(ibuf[1]) * _MIX)
+                            ^ np.uint64(ibuf[2])) * _MIX) >> _MEMO_SHIFT)]
+    if (entry[0] == ibuf[0] and entry[1] == ibuf[1] and entry[2] == ibuf[2]
+            and entry[3] == u and entry[4] == v):
+        return entry, entry[5]
+    return entry, np.int64(-1)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _memo_store(entry, ibuf, u, v, value):
+    """Store ``value`` for the parameters whose bits :func:`_memo_entry` left in ``ibuf``."""
+    entry[0] = ibuf[0]
+    entry[1] = ibuf[1]
+    entry[2] = ibuf[2]
+    entry[3] = u
+    entry[4] = v
+    entry[5] = value
+
+
+@njit(cache=True, error_model="numpy")
+def _closed_count(kind, p0, p1, p2, c, lo, hi, lam, ends, slot):
+    """``sum_i #{steps of row i with gain > lam}`` in one pass over the parameters; each
+    row's count (``lo`` plus its steps above ``lam``) goes to the work row of ``ends``
+    (``ends[slot[2]]``) unless ``ends`` has no columns."""
+    aux = pass_constant(kind, lam)
+    out = ends[slot[2]]
+    keep = out.shape[0] > 0
+    # Rows whose crossing lies within rounding of a step are settled by evaluating gains.
+    # Prompts with equal parameters and bounds (equal estimates: common in training
+    # batches) cross at the same step, so those rows are settled once per pass, through
+    # a small direct-mapped memo keyed on the parameters' bits.
+    memo, fbuf, ibuf = _memo_new()
+    total = 0
+    for i in range(lo.shape[0]):
+        k = lo[i]
+        if hi[i] > k:
+            x0 = p0[i]
+            x1 = p1[i]
+            x2 = p2[i]
+            k, settled = settled_start(kind, x0, x1, x2, c, lam, aux, lo[i], hi[i])
+            if not settled:
+                entry, known_k = _memo_entry(memo, x0, x1, x2, lo[i], hi[i], fbuf, ibuf)
+                if known_k >= 0:
+                    k = known_k
+                else:
+                    k, _, _ = row_crossing(kind, x0, x1, x2, c, lam, lo[i], hi[i], k, np.nan,
+                                        np.nan)
+                    _memo_store(entry, ibuf, lo[i], hi[i], k)
+            total += k - lo[i]
+        if keep:
+            out[i] = k
+    return total
+
+
+@njit(cache=True, error_model="numpy")
+def _closed_ends(lo, hi, keep, work):
+    """Per-row counts at the bracket's ends: ``ends[slot[0]]`` at ``a`` (``lo`` while ``a``
+    lies above every gain), ``ends[slot[1]]`` at ``b`` (``hi`` while ``b`` lies below
+    them), ``ends[slot[2]]`` the work row a pass writes, and ``known`` whether each end's
+    row is up to date. Without ``keep``, no rows (a search that only needs the values).
+    The rows are the first three of ``work`` when it has a column per row."""
+    m = lo.shape[0] if keep else 0
+    if work.shape[0] >= 3 and work.shape[1] == m and m > 0:
+        ends = work[:3]
+    else:
+        ends = np.empty((3, m), dtype=np.int64)
+    if keep:
+        ends[0] = lo
+        ends[1] = hi
+    return ends, np.array([0, 1, 2], dtype=np.int64), np.ones(2, dtype=np.int64)
+
+
+@njit(cache=True, error_model="numpy")
+def _record_end(slot, known, side):
+    """The work row, just written by a pass, becomes end ``side``'s counts."""
+    work = slot[2]
+    slot[2] = slot[side]
+    slot[side] = work
+    known[side] = 1
+
+
+@njit(cache=True, error_model="numpy")
+def strided_subsample(p0, p1, p2, lo, hi, stride):
+    """Every ``stride``-th row, whose exact threshold for its share of the budget gives
+    the engines their first trial values: the rows' parameters and bounds (copies), their
+    capacity ``sum(hi - lo)``, and their share of the rows (``scale``)."""
+    sub = np.arange(0, lo.shape[0], stride)
+    lo_s = lo[sub].copy()
+    hi_s = hi[sub].copy()
+    cap_s = 0
+    for j in range(sub.shape[0]):
+        cap_s += hi_s[j] - lo_s[j]
+    return (p0[sub].copy(), p1[sub].copy(), p2[sub].copy(), lo_s, hi_s, cap_s,
+            sub.shape[0] / lo.shape[0])
+
+
+@njit(cache=True, error_model="numpy")
+def _closed_extremes(kind, p0, p1, p2, c, lo, hi, spare, total, fbuf, ibuf, stats, ends,
+                     slot, known):
+    """The opening bracket ``(b, a]`` of a closed-form search and its counts ``C(a)``,
+    ``C(b)``: ``a`` the rows' largest gain and ``b`` just below their smallest (two gain
+    evaluations a row). Where some gains are -inf (a prompt that can never succeed),
+    one count pass just below the smallest finite gain tells on which side of it the
+    threshold lies, so that the search never starts from the whole float range. The
+    counts at the ends go to ``ends`` (see :func:`_closed_ends`)."""
+    top = -_INF
+    bottom = _INF
+    finite_bottom = _INF
+    for i in range(lo.shape[0]):
+        if hi[i] > lo[i]:
+            g = gain(kind, p0[i], p1[i], p2[i], c, lo[i])
+            if g > top:
+                top = g
+            g = gain(kind, p0[i], p1[i], p2[i], c, hi[i] - 1)
+            if g < bottom:
+                bottom = g
+            if -_INF < g < finite_bottom:
+                finite_bottom = g
+    key_a = float_key(top, fbuf, ibuf)
+    if ends.shape[1] > 0:
+        ends[slot[0]] = lo  # nothing lies above the largest gain
+        ends[slot[1]] = hi  # and everything above b, below the smallest
+    known[:] = 1
+    if bottom > -_INF:
+        return key_a, float_key_below(bottom, fbuf, ibuf), 0, total
+    key_b = float_key(-_INF, fbuf, ibuf) - 1  # the sentinel: every gain lies above it
+    c_a = 0
+    c_b = total
+    if math.isfinite(finite_bottom) and finite_bottom < top:
+        lam = np.nextafter(finite_bottom, -_INF)
+        cnt = _closed_count(kind, p0, p1, p2, c, lo, hi, lam, ends, slot)
+        stats[0] += 1
+        if cnt > spare:
+            key_b = float_key(lam, fbuf, ibuf)
+            c_b = cnt
+            _record_end(slot, known, 1)
+        else:
+            key_a = float_key(lam, fbuf, ibuf)
+            c_a = cnt
+            _record_end(slot, known, 0)
+    return key_a, key_b, c_a, c_b
+
+
+@njit(cache=True, error_model="numpy")
+def _closed_top(kind, p0, p1, p2, c, lo, hi, value_a, value_b):
+    """The largest gain in ``(value_b, value_a]`` (NaN when none): each row's gain at its
+    crossing of ``value_a``, its largest gain not above it. One pass, one gain a row."""
+    aux = pass_constant(kind, value_a)
+    top = np.nan
+    for i in range(lo.shape[0]):
+        if hi[i] > lo[i]:
+            k = _closed_crossing(kind, p0[i], p1[i], p2[i], c, value_a, aux, lo[i], hi[i])
+            if k < hi[i]:
+                g = gain(kind, p0[i], p1[i], p2[i], c, k)
+                if g > value_b and not g <= top:
+                    top = g
+    return top
+
+
+@njit(cache=True, error_model="numpy")
+def _closed_narrow(kind, p0, p1, p2, c, lo, hi, spare, limit, key_a, key_b, c_a, c_b, fbuf,
+                   ibuf, stats, passes, ends, slot, known):
+    """Narrow the bracket ``(b, a]``, with ``C(a) <= spare < C(b)``, until it holds at
+    most ``limit`` steps or no value lies strictly inside it (or after ``passes``
+    passes); each step one read-only pass.
+
+    Steps are regula falsi on the count with the Illinois correction (the end kept twice
+    in a row has its miss halved); after two steps that each left more than half the
+    bracket's steps, one bisection on the bit order of the value, so that the keys at
+    least halve every third step whatever the counts do. After two steps that moved
+    neither count (the bracket holds few distinct gains, each many times: tied
+    prompts), ``a`` drops onto the largest gain in the bracket and the next value tried
+    is the float just below it, which closes the bracket on a tied value at once. Each
+    pass's per-row counts become those of the end it replaces (see :func:`_closed_ends`).
+    """
+    # The bracket's ends, a at index 0 and b at 1: their keys, counts C and misses C - spare.
+    keys = np.array([key_a, key_b], dtype=np.int64)
+    counts = np.array([c_a, c_b], dtype=np.int64)
+    miss = np.array([float(c_a - spare), float(c_b - spare)])
+    last = -1  # which end the previous step replaced
+    stalls = 0
+    flat = 0
+    done = 0
+    while done < passes:
+        key_a, key_b = keys[0], keys[1]
+        width = counts[1] - counts[0]
+        if width <= limit or key_b >= key_a - 1:
+            break
+        value_a = float_unkey(key_a, fbuf, ibuf)
+        value_b = float_unkey(key_b, fbuf, ibuf) if key_b >= float_key(-_INF, fbuf, ibuf) else -_INF
+        lam = np.nan
+        if flat >= 2:
+            flat = 0
+            top = _closed_top(kind, p0, p1, p2, c, lo, hi, value_a, value_b)
+            stats[0] += 1
+            done += 1
+            if top == top and key_b < float_key(top, fbuf, ibuf) <= key_a:
+                key_a = keys[0] = float_key(top, fbuf, ibuf)  # no gain in (top, a]: C(top) = C(a)
+                lam = np.nextafter(top, -_INF)
+        elif stalls < 2 and math.isfinite(value_a) and math.isfinite(value_b) and \
+                miss[1] > miss[0]:
+            lam = value_a + (value_b - value_a) * (-miss[0]) / (miss[1] - miss[0])
+        if not (lam == lam and key_b < float_key(lam, fbuf, ibuf) < key_a):
+            if key_b >= key_a - 1:
+                break
+            lam = float_unkey((key_a >> 1) + (key_b >> 1) + (key_a & key_b & 1), fbuf, ibuf)
+            stalls = 0
+        cnt = _closed_count(kind, p0, p1, p2, c, lo, hi, lam, ends, slot)
+        stats[0] += 1
+        done += 1
+        moved = cnt != counts[0] and cnt != counts[1]
+        side = 0 if cnt <= spare else 1
+        _record_end(slot, known, side)
+        keys[side] = float_key(lam, fbuf, ibuf)
+        counts[side] = cnt
+        miss[side] = float(cnt - spare)
+        if last == side:
+            miss[1 - side] *= 0.5  # Illinois: the end kept twice in a row
+        last = side
+        stalls = stalls + 1 if 2 * (counts[1] - counts[0]) > width else 0
+        flat = 0 if moved else flat + 1
+    return keys[0], keys[1], counts[0], counts[1]
+
+
+@njit(cache=True, error_model="numpy")
+def _closed_level(kind, p0, p1, p2, c, lo, hi, spare, fbuf, ibuf):
+    """A value near the threshold of ``spare`` rollouts over these rows, from the same
+    closed-form search stopped once its bracket holds an eighth of the rows' steps, or
+    after eight passes (tied gains do not narrow): a trial value for the full problem,
+    so it need not be exact."""
+    total = 0
+    for i in range(lo.shape[0]):
+        total += hi[i] - lo[i]
+    passes = np.zeros(1, dtype=np.int64)
+    ends, slot, known = _closed_ends(lo, hi, False, np.empty((3, 0), dtype=np.int64))
+    key_a, key_b, c_a, c_b = _closed_extremes(kind, p0, p1, p2, c, lo, hi, spare, total, fbuf,
+                                              ibuf, passes, ends, slot, known)
+    key_a, key_b, c_a, c_b = _closed_narrow(kind, p0, p1, p2, c, lo, hi, spare,
+                                            max(1, lo.shape[0] >> 3), key_a, key_b, c_a,
+                                            c_b, fbuf, ibuf, passes, 8, ends, slot, known)
+    value_a = float_unkey(key_a, fbuf, ibuf)
+    value_b = float_unkey(key_b, fbuf, ibuf)
+    if math.isfinite(value_a) and math.isfinite(value_b) and c_b > c_a:
+        return value_a + (value_b - value_a) * (spare - c_a) / (c_b - c_a)
+    return value_a
+
+
+@njit(cache=True, error_model="numpy")
+def closed_counts(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out):
+    """The engine for max-sum kinds whose crossings are known in closed form.
+
+    Above ``CLOSED_SUBSAMPLE_FROM`` rows, a strided subsample searched the same way
+    gives the first trial values (below, the rows' extreme gains open the bracket);
+    regula falsi on the count (alternating with bisection on the bit order of the
+    value) narrows the bracket ``(b, a]`` with ``C(a) <= spare <= C(b)``, each step one
+    pass that keeps its per-row counts for the end it becomes (the only per-row state);
+    then the gains in the bracket are collected (no crossing is found again) and the
+    remaining ones selected exactly (ties: fewer rollouts first, then the lower index).
+    """
+    m = lo.shape[0]
+    fbuf = np.empty(1, dtype=np.float64)
+    ibuf = fbuf.view(np.int64)
+    limit = max(COLLECT_MIN, m >> 4)
+    total = 0
+    for i in range(m):
+        total += hi[i] - lo[i]
+    # The opening bracket: nothing lies above +inf and everything above the sentinel
+    # key below -inf.
+    key_a = float_key(_INF, fbuf, ibuf)
+    key_b = float_key(-_INF, fbuf, ibuf) - 1
+    c_a = 0
+    c_b = total
+    ends, slot, known = _closed_ends(lo, hi, True, work_i)
+    if m < CLOSED_SUBSAMPLE_FROM:
+        key_a, key_b, c_a, c_b = _closed_extremes(kind, p0, p1, p2, c, lo, hi, spare, total,
+                                                  fbuf, ibuf, stats, ends, slot, known)
+    else:
+        # Trial values from a strided subsample (one row in sixteen, at most SUBSAMPLE)
+        # for its share of the budget, the share corrected after each full pass by the
+        # observed miss (a Newton step in budget space): cheaper than the rows' extreme
+        # gains, two gain evaluations a row, and a far better first value.
+        q0, q1, q2, lo_s, hi_s, cap_s, scale = strided_subsample(
+            p0, p1, p2, lo, hi, m // min(SUBSAMPLE, m >> 4))
+        share = spare * scale
+        sub_stats = np.zeros(3, dtype=np.int64)
+        for _ in range(NEWTON_ROUNDS):
+            if c_b - c_a <= limit or key_b >= key_a - 1:
+                break
+            target = np.int64(round(share))
+            if target <= 0 or target >= cap_s:
+                break
+            if m >= SUBSAMPLE_FROM:
+                # Exact: with tied gains its threshold is one of the tied values, which
+                # the full bracket then closes on at once.
+                _, lam = select_spare(kind, q0, q1, q2, c, lo_s, hi_s, target, False, 0.0,
+                                 sub_stats, np.empty(0, dtype=np.int64))
+            else:
+                lam = _closed_level(kind, q0, q1, q2, c, lo_s, hi_s, target, fbuf, ibuf)
+            stats[3] += 1
+            kl = float_key(lam, fbuf, ibuf)
+            if not (lam == lam and key_b < kl < key_a):
+                break
+            cnt = _closed_count(kind, p0, p1, p2, c, lo, hi, lam, ends, slot)
+            stats[0] += 1
+            if cnt <= spare:
+                key_a = kl
+                c_a = cnt
+                _record_end(slot, known, 0)
+            else:
+                key_b = kl
+                c_b = cnt
+                _record_end(slot, known, 1)
+            share += OVERSHOOT * (spare - cnt) * scale
+        if key_a == float_key(_INF, fbuf, ibuf) or key_b < float_key(-_INF, fbuf, ibuf):
+            # The subsample left an end open (e.g. its level was -inf): close it on the
+            # rows' extremes rather than bisect the whole float range.
+            # Values only: which per-row counts the merged ends have is not tracked here,
+            # so the last pass finds them again.
+            none, none_slot, _ = _closed_ends(lo, hi, False, np.empty((3, 0), dtype=np.int64))
+            top_a, top_b, top_ca, top_cb = _closed_extremes(kind, p0, p1, p2, c, lo, hi,
+                                                            spare, total, fbuf, ibuf, stats,
+                                                            none, none_slot, known)
+            known[:] = 0
+            if top_a < key_a:
+                key_a = top_a
+                c_a = top_ca
+            if top_b > key_b:
+                key_b = top_b
+                c_b = top_cb
+    key_a, key_b, c_a, c_b = _closed_narrow(kind, p0, p1, p2, c, lo, hi, spare, limit, key_a,
+                                            key_b, c_a, c_b, fbuf, ibuf, stats, 200, ends,
+                                            slot, known)
+    value_a = float_unkey(key_a, fbuf, ibuf)
+    value_b = float_unkey(key_b, fbuf, ibuf) if key_b >= float_key(-_INF, fbuf, ibuf) else -_INF
+    below_all = key_b < float_key(-_INF, fbuf, ibuf)
+    # The per-row counts at both ends: kept from the passes, else found again (one pass).
+    starts = ends[slot[0]]
+    stops = ends[slot[1]]
+    if known[0] == 0 or known[1] == 0:
+        aux_a = pass_constant(kind, value_a)
+        aux_b = pass_constant(kind, value_b)
+        for i in range(m):
+            if hi[i] > lo[i]:
+                if known[0] == 0:
+                    starts[i] = _closed_crossing(kind, p0[i], p1[i], p2[i], c, value_a,
+                                                 aux_a, lo[i], hi[i])
+                if known[1] == 0:
+                    stops[i] = hi[i] if below_all else _closed_crossing(
+                        kind, p0[i], p1[i], p2[i], c, value_b, aux_b, lo[i], hi[i])
+            else:
+                starts[i] = lo[i]
+                stops[i] = lo[i]
+    n_bracket = c_b - c_a
+    if key_b >= key_a - 1 and n_bracket > limit:
+        # A plateau: every gain in the bracket equals value_a, so the tie rule alone
+        # orders them; water-fill by count instead of collecting them.
+        held = 0
+        for i in range(m):
+            held += max(stops[i] - starts[i], 0)
+        if not 0 <= spare - c_a <= held:
+            # As below: the bracket's per-row steps must hold what is left to hand out.
+            raise RuntimeError("separable engine: the closed-form bracket does not hold "
+                               "the threshold")
+        return _water_fill(starts, stops, spare - c_a, out)
+    # Counts at a (all gains > a taken) and the gains in (b, a].
+    counts = counts_from(starts, out)
+    n_collect = 0
+    for i in range(m):
+        n_collect += max(stops[i] - starts[i], 0)
+    vals = np.empty(n_collect, dtype=np.float64)
+    owner = np.empty(n_collect, dtype=np.int64)
+    step = np.empty(n_collect, dtype=np.int64)
+    # Rows with equal parameters and the same steps in the bracket have the same gains:
+    # copied from the first such row (a memo as in _closed_count), not evaluated again.
+    memo, fbuf, ibuf = _memo_new()
+    e = 0
+    for i in range(m):
+        k0 = starts[i]
+        k1 = stops[i]
+        if k0 < k1:
+            entry, first = _memo_entry(memo, p0[i], p1[i], p2[i], k0, k1, fbuf, ibuf)
+            same = first >= 0
+            if not same:
+                _memo_store(entry, ibuf, k0, k1, e)
+            for k in range(k0, k1):
+                if same:
+                    vals[e] = vals[first + k - k0]
+                else:
+                    vals[e] = gain(kind, p0[i], p1[i], p2[i], c, k)
+                owner[e] = i
+                step[e] = k
+                e += 1
+    stats[1] = e
+    need = spare - c_a
+    if need == 0:
+        return counts
+    if not 0 < need <= e:
+        # C(a) <= spare <= C(b) holds by construction; selecting beyond the collected
+        # gains would read past them.
+        raise RuntimeError("separable engine: the closed-form bracket does not hold the "
+                           "threshold")
+    threshold = kth_largest(vals[:e].copy(), need)
+    above, band = take_beyond(vals, e, threshold, owner, counts, True)
+    left = need - above
+    if left == 0:
+        return counts
+    nxt = np.zeros(e, dtype=np.float64)
+    pick_ties(band, left, nxt, step, owner, False, counts)
+    return counts
+
+
+@njit(cache=True, error_model="numpy")
+def _water_fill(starts, stops, left, out):
+    """``starts`` plus ``left`` steps taken one at a time from the tied ranges
+    ``[starts_i, stops_i)``, the row with the fewest rollouts first, then the lower
+    index (the tie rule of sums)."""
+    m = starts.shape[0]
+    counts = counts_from(starts, out)
+    k_low = np.int64(0)
+    k_high = np.int64(0)
+    first = True
+    for i in range(m):
+        if stops[i] > starts[i]:
+            if first or starts[i] < k_low:
+                k_low = starts[i]
+            if first or stops[i] > k_high:
+                k_high = stops[i]
+            first = False
+    while k_low < k_high:
+        mid = k_low + (k_high - k_low + 1) // 2
+        s = 0
+        for i in range(m):
+            s += min(max(mid - starts[i], 0), stops[i] - starts[i])
+        if s <= left:
+            k_low = mid
+        else:
+            k_high = mid - 1
+    used = 0
+    for i in range(m):
+        add = min(max(k_low - starts[i], 0), stops[i] - starts[i])
+        counts[i] += add
+        used += add
+    for i in range(m):
+        if used == left:
+            break
+        if counts[i] == k_low and k_low < stops[i] and starts[i] <= k_low:
+            counts[i] += 1
+            used += 1
+    return counts

@@ -1,0 +1,34 @@
+"""The kind numbers of the compiled objectives, and the constants the Python side shares.
+
+numba-free: the objectives (:mod:`sera_opt.separable`) read these without loading
+numba, and the kernels compile them in as constants. One list, used by both.
+(SERA's own levels ``a_i (n - c)`` run on the waterline kernels,
+:mod:`sera_opt.kernels.waterline`, and have no kind number.)
+"""
+
+from __future__ import annotations
+
+BETA_LEVELS = 1  # max-min of -log E[(1 - p)^(n - c)], Beta      (sera-bayes)
+KNAPSACK = 2  # max sum (1 - p^n - (1-p)^n) p (1-p)^2             (Knapsack RL)
+HIT_UTILITY = 3  # max sum 1 - E[(1 - p)^n], Beta (log gains)      (HORA)
+RLOO_VARIANCE = 4  # min sum a/(n - 1) + gamma log(p) n              (VIP)
+INVERSE_COUNT = 5  # min sum W / n                                   (GVM)
+POINT_HIT = 6  # max sum 1 - (1 - p)^n, point estimate (log gains)   (HORA, known p)
+ALPHA_FAIR = 7  # max sum U_alpha(1 - (1 - p)^(n - c)) (log gains)    (sera-fair)
+# The same objective at alpha = 0, 1, 2, where the crossing of a gain value is known in
+# closed form (so a count pass evaluates no gain): x0 = a, x1 = log p (alpha = 0) or p.
+FAIR_SUM = 8  # alpha = 0: sum of the factors
+FAIR_LOG = 9  # alpha = 1: sum of log factors (proportional fairness)
+FAIR_INVERSE = 10  # alpha = 2: minus the sum of inverse factors
+
+#: The alpha-fair kinds with a closed-form crossing, by alpha.
+FAIR_KIND_OF_ALPHA = {0.0: FAIR_SUM, 1.0: FAIR_LOG, 2.0: FAIR_INVERSE}
+
+#: Beta levels with at most this many effective rollouts use the exact product.
+PRODUCT_MAX = 64
+
+#: The kinds that :func:`sera_opt.kernels.gains.closed_form` sends to the closed-form
+#: engine, for callers that choose the entry kernel in Python
+#: (:func:`sera_opt.kernels.entries.solve_closed` compiles that engine alone).
+CLOSED_FORM_KINDS = frozenset({FAIR_SUM, FAIR_LOG, FAIR_INVERSE, POINT_HIT, KNAPSACK,
+                               RLOO_VARIANCE, INVERSE_COUNT})
