@@ -280,6 +280,22 @@ def test_every_policy_declares_its_protocol():
             policy.allocate([0.5, 0.5], 4, not_an_input=1)
 
 
+def test_the_built_in_policies_are_listed_by_preference_not_by_import_order():
+    """Each built-in policy states its place: the listing (what the CLI, the benchmarks
+    and error messages show) cannot change when modules are imported in another order."""
+    import subprocess
+    import sys
+
+    built_in = [name for name in available_policies()
+                if get_policy(name).__module__.startswith("sera_opt.")]
+    places = [type(get_policy(name)).preference for name in built_in]
+    assert len(set(places)) == len(places) and places == sorted(places), dict(zip(built_in, places))
+    code = ("import sera_opt.policies.peers, sera_opt.policies.fair, sera_opt.policies.bayes, "
+            "sera_opt; print(','.join(sera_opt.available_policies()))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().split(",") == built_in
+
+
 @pytest.mark.parametrize("entry", [e for e in ALLOCATORS if e[0].startswith("policy:")],
                          ids=lambda e: e[0])
 def test_configuration_round_trips(entry):

@@ -11,7 +11,7 @@ from .base import (
     policy_from_config,
     register_policy,
 )
-from .bayes import PosteriorPolicy, SERABayesPolicy  # noqa: I001 (registration order)
+from .bayes import PosteriorPolicy, SERABayesPolicy
 from .core import EvenCounts, SERAPolicy, UniformPolicy, uniform_counts
 from .fair import SERAFairPolicy
 from .peers import GVMPolicy, HORAPolicy, KnapsackPolicy, VIPPolicy

@@ -171,6 +171,7 @@ class SERABayesPolicy(PosteriorPolicy):
     """
 
     name = "sera-bayes"
+    preference = 3
     default_max_ratio = DEFAULT_MAX_RATIO
     offset_sensitive = True
 

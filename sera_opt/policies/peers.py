@@ -52,6 +52,7 @@ class KnapsackPolicy(SeparablePolicy):
     """
 
     name = "knapsack"
+    preference = 10
     default_min_rollouts = 2
     default_max_rollouts = 128
 
@@ -93,6 +94,7 @@ class VIPPolicy(SeparablePolicy):
     """
 
     name = "vip"
+    preference = 11
     option_names = ("gamma",)
     default_min_rollouts = 4
     default_max_rollouts = 32
@@ -129,6 +131,7 @@ class HORAPolicy(PosteriorPolicy):
     """
 
     name = "hora"
+    preference = 12
 
     def objective(self, problem: AllocationProblem, posterior=None):
         if posterior is None:
@@ -185,6 +188,7 @@ class GVMPolicy(SeparablePolicy):
     """
 
     name = "gvm"
+    preference = 13
     option_names = ("alpha", "beta", "gradient_norms")
     extra_inputs = frozenset({"gradient_norms"})
 
