@@ -32,7 +32,9 @@ from hypothesis import strategies as st
 
 import sera_opt
 from sera_opt import SeraOptError
-from sera_opt.cli import _from_table, _from_table_rows, build_parser, main, read_success_probs
+from sera_opt.cli import build_parser, main, read_success_probs
+from sera_opt.cli.tables import from_table as _from_table
+from sera_opt.cli.tables import from_table_rows as _from_table_rows
 
 P = [0.669, 0.201, 0.576, 0.600, 0.953]
 
@@ -641,14 +643,14 @@ def test_missing_module_and_interrupt(capsys, monkeypatch, tmp_path):
     def missing(name):
         raise ModuleNotFoundError("No module named 'sklearn'", name="sklearn")
 
-    monkeypatch.setattr("sera_opt.cli.import_module", missing)
+    monkeypatch.setattr("sera_opt.cli.commands.import_module", missing)
     code, _, err = run(["bench", "alignment"], capsys)
     assert_one_line_error(code, err, "No module named 'sklearn'", "pip install", status=1)
 
     def broken(name):
         raise ImportError("cannot import name 'x' from 'sera_opt.solvers'", name="sera_opt.solvers")
 
-    monkeypatch.setattr("sera_opt.cli.import_module", broken)
+    monkeypatch.setattr("sera_opt.cli.commands.import_module", broken)
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     code, _, err = run(["bench", "alignment"], capsys)  # a bug, not a missing install
     assert_one_line_error(code, err, "unexpected error: ImportError", "bug", status=1)
@@ -656,7 +658,7 @@ def test_missing_module_and_interrupt(capsys, monkeypatch, tmp_path):
     def interrupted(name):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("sera_opt.cli.import_module", interrupted)
+    monkeypatch.setattr("sera_opt.cli.commands.import_module", interrupted)
     code, _, err = run(["demo"], capsys)
     assert_one_line_error(code, err, "interrupted", status=130)
 

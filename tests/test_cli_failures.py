@@ -138,7 +138,7 @@ class _Endless:
 
 def test_endless_text_is_refused_at_the_size_limit(capsys, monkeypatch):
     endless = _Endless()
-    monkeypatch.setattr("sera_opt.cli.MAX_INPUT_BYTES", 1 << 22)
+    monkeypatch.setattr("sera_opt.cli.sources.MAX_INPUT_BYTES", 1 << 22)
     monkeypatch.setattr("sys.stdin", type("Stdin", (), {"buffer": endless,
                                                          "isatty": lambda self: False})())
     code = main(["allocate", "-", "--budget", "12", "-q"])
@@ -149,7 +149,7 @@ def test_endless_text_is_refused_at_the_size_limit(capsys, monkeypatch):
 
 def test_a_file_at_the_size_limit_is_read(tmp_path, monkeypatch):
     src = write(tmp_path, "p.txt", "0.5\n" * 256)  # exactly 1 KiB
-    monkeypatch.setattr("sera_opt.cli.MAX_INPUT_BYTES", 1 << 10)
+    monkeypatch.setattr("sera_opt.cli.sources.MAX_INPUT_BYTES", 1 << 10)
     assert read_success_probs(src).shape == (256,)
     write(tmp_path, "p.txt", "0.5\n" * 257)
     with pytest.raises(SeraOptError, match="larger than 1 KiB"):
@@ -175,7 +175,7 @@ class _Benchmark:
 @pytest.fixture
 def fake_benchmark(monkeypatch):
     fake = _Benchmark()
-    monkeypatch.setattr("sera_opt.cli.import_module", lambda name: fake)
+    monkeypatch.setattr("sera_opt.cli.commands.import_module", lambda name: fake)
     return fake
 
 
