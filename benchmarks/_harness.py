@@ -432,7 +432,8 @@ def check_arms(arms, *, min_rollouts, max_rollouts, offset: int, num_prompts: in
     return specs
 
 
-#: Colours of the policies' bare names; other arms get the next free ones.
+#: The colour of each policy's bare name in every plot of the benchmarks (the one map
+#: they all use); other arms get the next free ones.
 POLICY_COLORS = {"uniform": "tab:blue", "sera": "tab:red", "knapsack": "tab:green",
                  "hora": "tab:orange", "vip": "tab:purple", "gvm": "tab:brown",
                  "sera-bayes": "tab:pink"}

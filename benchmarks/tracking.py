@@ -39,9 +39,11 @@ import time
 
 import numpy as np
 
+import sera_opt
 from sera_opt.benchmarks import _harness
 
-POLICY_NAMES = ("knapsack", "vip", "hora", "gvm", "sera-bayes", "sera-fair", "sera", "uniform")
+#: Every registered policy, in the registry's order.
+POLICY_NAMES = sera_opt.available_policies()
 POLICY_SIZES = (1024, 65536, 1_000_000)
 STEP_SIZES = (64, 256, 1024, 4096)
 STEP_POLICIES = ("sera", "sera-fair", "sera-bayes")

@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+import sera_opt
 from sera_opt.benchmarks import _harness
 from sera_opt.benchmarks.alignment import digits as _digits
 from sera_opt.planner import DEFAULT_POLICY, DEFAULT_POLICY_OPTIONS
@@ -69,7 +70,10 @@ __all__ = [
 ]
 
 NAME = "alignment"
-PEERS = ("knapsack", "vip", "hora", "gvm", "sera-bayes")
+#: Every registered policy but the ones the runner always draws (uniform, SERA and the
+#: default sera-fair), in the registry's order.
+PEERS = tuple(name for name in sera_opt.available_policies()
+              if name not in ("uniform", "sera", "sera-fair"))
 #: The peers of the run that decides the recommended default (docs/benchmarks.md,
 #: "Choosing the default allocation"; uniform and SERA are always compared):
 #: ``sera-opt bench alignment --peers`` followed by ``" ".join(REPORT_PEERS)``.
@@ -656,8 +660,6 @@ _STYLE = {
 }
 #: The lines whose expected cosine gets its interval band (more would hide the curves).
 _BANDED = ("uniform", "sera/tracker/corrected")
-_PEER_COLOURS = {"knapsack": "tab:green", "vip": "tab:purple", "hora": "tab:orange",
-                 "gvm": "tab:brown", "sera-bayes": "tab:cyan"}
 
 
 def plot(payload: dict):
@@ -687,7 +689,7 @@ def plot(payload: dict):
     panels += [(axes[1, 1 + k], c, "sampled_cosine", "sampled estimator: cosine (mean ± sd)")
                for k, c in enumerate(offsets[:2])]
     peer_colours = _harness.arm_colors(
-        dict.fromkeys(e["policy"] for e in payload["results"]), fixed=_PEER_COLOURS)
+        dict.fromkeys(e["policy"] for e in payload["results"]))
     for ax, c, metric, title in panels:
         keys = []
         for entry in payload["results"]:

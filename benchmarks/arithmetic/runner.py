@@ -110,14 +110,9 @@ def _summary(cfg: ExperimentConfig, runs: list[dict]) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- plots
 
-_POLICY_COLORS = {"uniform": "tab:blue", "sera": "tab:red", "knapsack": "tab:green",
-                  "hora": "tab:purple", "vip": "tab:orange", "gvm": "tab:brown",
-                  "sera-bayes": "tab:pink"}
-
-
 def _colors(cfg) -> dict[str, str]:
     """A colour per policy (the fixed ones for bare names) and the warm start's grey."""
-    return {"warm_start": "0.5", **_harness.arm_colors(cfg.policies, fixed=_POLICY_COLORS)}
+    return {"warm_start": "0.5", **_harness.arm_colors(cfg.policies)}
 
 
 def _plot_pass_at_k(cfg, summary, runs, out_dir: Path) -> Path:
