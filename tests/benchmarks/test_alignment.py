@@ -23,8 +23,10 @@ from tests.markers import has_module
 
 torch = pytest.importorskip("torch")
 
+from sera_opt.benchmarks import _harness  # noqa: E402
+from sera_opt.benchmarks.alignment import command, gradients, report, runner  # noqa: E402
+from sera_opt.benchmarks.alignment import config as al_config  # noqa: E402
 from sera_opt.benchmarks.alignment import digits as _digits  # noqa: E402
-from sera_opt.benchmarks.alignment import runner as al  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -106,7 +108,7 @@ def test_batch_gradients_are_weighted_sums_of_per_prompt_gradients():
     rows = _digits.per_prompt_gradients_loop(model, inputs, labels)
     np.testing.assert_allclose(_digits.per_prompt_gradients(model, inputs, labels), rows,
                                rtol=1e-12, atol=1e-14)
-    grads = al.BatchGradients(model, inputs, labels)
+    grads = gradients.BatchGradients(model, inputs, labels)
     np.testing.assert_allclose(grads.exact, rows.mean(axis=0), rtol=1e-10, atol=1e-13)
     coef = rng.random(7)
     np.testing.assert_allclose(grads.weighted(coef), coef @ rows, rtol=1e-10, atol=1e-13)
@@ -124,10 +126,10 @@ def test_hopeless_prompts_share():
     labels[:6] = np.argmax(q[:6], axis=1)  # half of them solved
     rows = _digits.per_prompt_gradients_loop(model, inputs, labels)
     p = q[np.arange(12), labels]
-    mask = p < al.HOPELESS
+    mask = p < gradients.HOPELESS
     assert 0 < mask.sum() < 12
     exact = rows.mean(axis=0)
-    out = al.hopeless_prompts(model, inputs, labels)
+    out = gradients.hopeless_prompts(model, inputs, labels)
     assert out["fraction"] == pytest.approx(mask.mean())
     assert out["gradient_share"] == pytest.approx(rows[mask].sum(0) / 12 @ exact / (exact @ exact))
     assert out["score_norm_ratio"] == pytest.approx(
@@ -136,12 +138,12 @@ def test_hopeless_prompts_share():
 
 def test_alignment_scores():
     exact = np.array([1.0, 0.0, 0.0])
-    s = al.alignment_scores(np.array([0.5, 0.5, 0.0]), exact)
+    s = gradients.alignment_scores(np.array([0.5, 0.5, 0.0]), exact)
     assert s["cosine"] == pytest.approx(np.sqrt(0.5))
     assert s["relative_error"] == pytest.approx(np.sqrt(0.5))
     assert s["norm_ratio"] == pytest.approx(np.sqrt(0.5))
-    assert al.alignment_scores(2 * exact, exact)["cosine"] == pytest.approx(1.0)
-    assert al.alignment_scores(np.zeros(3), exact)["cosine"] == 0.0
+    assert gradients.alignment_scores(2 * exact, exact)["cosine"] == pytest.approx(1.0)
+    assert gradients.alignment_scores(np.zeros(3), exact)["cosine"] == 0.0
 
 
 # --------------------------------------------------------------------------- expected estimator
@@ -149,11 +151,11 @@ def test_alignment_scores():
 
 def test_prompt_weights():
     counts = np.array([1, 3, 4])
-    np.testing.assert_allclose(al.prompt_weights(counts, True), [1 / 3] * 3)
-    np.testing.assert_allclose(al.prompt_weights(counts, False), [1 / 8, 3 / 8, 4 / 8])
+    np.testing.assert_allclose(gradients.prompt_weights(counts, True), [1 / 3] * 3)
+    np.testing.assert_allclose(gradients.prompt_weights(counts, False), [1 / 8, 3 / 8, 4 / 8])
     # under uniform counts the correction changes nothing
-    np.testing.assert_allclose(al.prompt_weights(np.full(5, 4), False),
-                               al.prompt_weights(np.full(5, 4), True))
+    np.testing.assert_allclose(gradients.prompt_weights(np.full(5, 4), False),
+                               gradients.prompt_weights(np.full(5, 4), True))
 
 
 def test_expected_coefficients_formula():
@@ -161,8 +163,8 @@ def test_expected_coefficients_formula():
     counts = np.array([2, 3, 5])
     for c in (0, 1):
         w = 1 - (1 - p) ** (counts - c)
-        np.testing.assert_allclose(al.expected_coefficients(p, counts, c, True), w / 3)
-        np.testing.assert_allclose(al.expected_coefficients(p, counts, c, False),
+        np.testing.assert_allclose(gradients.expected_coefficients(p, counts, c, True), w / 3)
+        np.testing.assert_allclose(gradients.expected_coefficients(p, counts, c, False),
                                    counts * w / counts.sum())
 
 
@@ -170,7 +172,7 @@ def test_sample_rollouts_frequencies():
     rng = np.random.default_rng(3)
     probs = rng.dirichlet(np.ones(10), size=3)
     counts = np.array([20000, 1, 30000])
-    index, labels = al.sample_rollouts(rng, probs, counts)
+    index, labels = gradients.sample_rollouts(rng, probs, counts)
     assert index.tolist() == [0] * 20000 + [1] + [2] * 30000
     assert labels.min() >= 0 and labels.max() <= 9
     for i in (0, 2):
@@ -199,18 +201,18 @@ def test_expected_estimator_matches_monte_carlo(offset, correction):
     # true labels chosen to give a spread of success probabilities
     order = np.argsort(-q, axis=1)
     labels = np.array([order[0, 0], order[1, 1], order[2, 0], order[3, 2], order[4, 1]])
-    grads = al.BatchGradients(model, inputs, labels)
+    grads = gradients.BatchGradients(model, inputs, labels)
     p = grads.success_probs
     assert p.min() < 0.3 and p.max() > 0.5, p
     counts = np.array([2, 3, 4, 6, 9]) if offset == 0 else np.array([2, 2, 4, 6, 9])
-    method = al.Method("sera", "true", offset, correction)
+    method = al_config.Method("sera", "true", offset, correction)
 
     draws = 1500
     samples = np.stack([grads.sampled(rng, counts, method) for _ in range(draws)])
     mean = samples.mean(axis=0)
     se = samples.std(axis=0, ddof=1) / np.sqrt(draws)
-    expected = grads.weighted(al.expected_coefficients(p, counts, offset, correction))
-    other = grads.weighted(al.expected_coefficients(p, counts, offset, not correction))
+    expected = grads.weighted(gradients.expected_coefficients(p, counts, offset, correction))
+    other = grads.weighted(gradients.expected_coefficients(p, counts, offset, not correction))
     tol = 5 * se + 1e-3 * np.abs(expected).max()
     assert np.all(np.abs(mean - expected) <= tol), np.max(np.abs(mean - expected) / tol)
     assert np.any(np.abs(mean - other) > tol), "the Monte Carlo check has no power"
@@ -267,8 +269,8 @@ def test_training_gives_a_wide_spread_and_is_reproducible():
 
 
 def test_build_methods_skips_unregistered_peers():
-    config = replace(al.QUICK, peers=("no-such-policy", "uniform", "knapsack", "knapsack"))
-    methods, notes = al.build_methods(config, ("sera", "uniform", "knapsack"))
+    config = replace(al_config.QUICK, peers=("no-such-policy", "uniform", "knapsack", "knapsack"))
+    methods, notes = al_config.build_methods(config, ("sera", "uniform", "knapsack"))
     assert any("no-such-policy" in n and "skipped" in n for n in notes)
     assert sum(m.policy == "knapsack" for m in methods) == 4  # 2 offsets x corrected or not
     assert not any(m.policy == "no-such-policy" for m in methods)
@@ -282,27 +284,27 @@ def test_build_methods_skips_unregistered_peers():
 
 
 def test_build_methods_takes_peer_specifications():
-    config = replace(al.QUICK, peers=("sera-fair:alpha=1", "no-such:alpha=1", "vip:gamma=0.001",
+    config = replace(al_config.QUICK, peers=("sera-fair:alpha=1", "no-such:alpha=1", "vip:gamma=0.001",
                                       "vip"))
-    methods, notes = al.build_methods(config, ("sera", "uniform", "vip", "sera-fair"))
+    methods, notes = al_config.build_methods(config, ("sera", "uniform", "vip", "sera-fair"))
     assert any("'no-such'" in n and "skipped" in n for n in notes)
     keys = {m.key for m in methods}
     for c in (0, 1):
         assert f"sera-fair:alpha=1/tracker/corrected c={c}" in keys
         assert f"vip:gamma=0.001/tracker/uncorrected c={c}" in keys
         assert f"vip/tracker/corrected c={c}" in keys
-    with pytest.raises(al._harness.ArmSpecError, match="key=value"):
-        al.build_methods(replace(al.QUICK, peers=("vip:gamma",)), ("sera", "uniform", "vip"))
+    with pytest.raises(_harness.ArmSpecError, match="key=value"):
+        al_config.build_methods(replace(al_config.QUICK, peers=("vip:gamma",)), ("sera", "uniform", "vip"))
 
 
 def test_peer_policies_get_their_options_and_the_common_bounds():
-    vip = al._make_policy("vip:gamma=0.1", min_rollouts=2, max_rollouts=16, offset=1)
+    vip = gradients.make_policy("vip:gamma=0.1", min_rollouts=2, max_rollouts=16, offset=1)
     assert (vip.name, vip.gamma, vip.min_rollouts, vip.max_rollouts, vip.offset) == (
         "vip", 0.1, 2, 16, 1)
-    hora = al._make_policy("hora:prior_strength=inf", min_rollouts=1, max_rollouts=8, offset=0)
+    hora = gradients.make_policy("hora:prior_strength=inf", min_rollouts=1, max_rollouts=8, offset=0)
     assert math.isinf(hora.prior_strength) and hora.max_rollouts == 8
     # "no cap" removes the policy's default cap of max_ratio x the average too
-    sera = al._make_policy("sera", min_rollouts=1, max_rollouts=None, offset=0)
+    sera = gradients.make_policy("sera", min_rollouts=1, max_rollouts=None, offset=0)
     assert sera.max_ratio is None and sera.max_rollouts is None
 
 
@@ -317,18 +319,18 @@ def test_bench_refuses_bad_peers_before_running(tmp_path, monkeypatch, peers, ma
     def no_run(*args, **kwargs):
         raise AssertionError("the benchmark started before the peers were checked")
 
-    monkeypatch.setattr(al, "prepare", no_run)
-    with pytest.raises(al._harness.ArmSpecError, match=match):
-        al.main(["--quick", "--peers", *peers, "--out", str(tmp_path), "--no-progress"])
-    with pytest.raises(al._harness.ArmSpecError, match=match):
-        al.demo(["--peers", *peers, "--no-progress"])
+    monkeypatch.setattr(runner, "prepare", no_run)
+    with pytest.raises(_harness.ArmSpecError, match=match):
+        command.main(["--quick", "--peers", *peers, "--out", str(tmp_path), "--no-progress"])
+    with pytest.raises(_harness.ArmSpecError, match=match):
+        command.demo(["--peers", *peers, "--no-progress"])
     assert not (tmp_path / "alignment.json").exists()
 
 
 def test_intervals_across_batches_and_paired_differences_to_uniform():
-    config = replace(al.QUICK, budgets=(4,), batch_size=32, num_batches=3, draws=3,
+    config = replace(al_config.QUICK, budgets=(4,), batch_size=32, num_batches=3, draws=3,
                      peers=("vip:gamma=0.001",), offsets=(0,))
-    payload = al.run(config, show_progress=False, log=lambda *a: None)
+    payload = runner.run(config, show_progress=False, log=lambda *a: None)
     entries = {e["method"]: e for e in payload["results"]}
     uniform = entries["uniform c=0"]
     assert "expected_cosine_vs_uniform" not in uniform
@@ -363,14 +365,14 @@ def test_intervals_across_batches_and_paired_differences_to_uniform():
     assert "vip:gamma=0.001/tracker/corrected c=0" in entries
 
 
-TINY = replace(al.QUICK, budgets=(2, 8), batch_size=64, num_batches=1, draws=2, peers=al.PEERS)
+TINY = replace(al_config.QUICK, budgets=(2, 8), batch_size=64, num_batches=1, draws=2, peers=al_config.PEERS)
 
 
 def test_run_is_reproducible_and_well_formed():
-    first = al.run(TINY, show_progress=False, log=lambda *a: None)
-    second = al.run(TINY, show_progress=False, log=lambda *a: None)
+    first = runner.run(TINY, show_progress=False, log=lambda *a: None)
+    second = runner.run(TINY, show_progress=False, log=lambda *a: None)
     # NaN (the undefined one-batch intervals) compared as what the JSON writes, null
-    assert al._harness._jsonable(first["results"]) == al._harness._jsonable(second["results"])
+    assert _harness._jsonable(first["results"]) == _harness._jsonable(second["results"])
     keys = {e["method"] for e in first["results"]}
     assert {"uniform c=0", "sera/tracker/corrected c=0", "sera/true/corrected c=1"} <= keys
     for entry in first["results"]:
@@ -388,7 +390,7 @@ def test_run_is_reproducible_and_well_formed():
     # peers not registered yet are reported, not silently dropped
     import sera_opt
 
-    for name in al.PEERS:
+    for name in al_config.PEERS:
         if name in sera_opt.available_policies():
             assert any(e["policy"] == name for e in first["results"]) or any(
                 k.startswith(f"{name}/") for k in first["failures"]), name
@@ -399,26 +401,26 @@ def test_run_is_reproducible_and_well_formed():
 def test_demo_end_to_end(tmp_path, capsys):
     argv = ["--budgets", "2", "8", "--batch-size", "64", "--batches", "1", "--draws", "2",
             "--no-progress", "--out", str(tmp_path)]
-    assert al.demo(argv) == 0
+    assert command.demo(argv) == 0
     out = capsys.readouterr().out
     assert "uniform" in out and "SERA(tracker)" in out and "SERA(true p) no cap" in out
     assert "Expected-estimator cosine versus uniform" in out
     # the library's default allocation is the demo's one peer, shown and judged
     from sera_opt.planner import DEFAULT_POLICY
 
-    default = al.short_label(f"{al.DEMO_DEFAULT}/tracker")
-    assert al.DEMO_DEFAULT.startswith(DEFAULT_POLICY)
+    default = report.short_label(f"{al_config.DEMO_DEFAULT}/tracker")
+    assert al_config.DEMO_DEFAULT.startswith(DEFAULT_POLICY)
     assert out.count(default) >= 4, out  # both tables, the legend, the verdict
     assert f"c=0: {default} above uniform at" in out
     payload = json.loads((tmp_path / "demo.json").read_text())
     assert payload["config"]["budgets"] == [2, 8]
-    assert payload["config"]["peers"] == [al.DEMO_DEFAULT]
+    assert payload["config"]["peers"] == [al_config.DEMO_DEFAULT]
 
 
 def test_bench_main_writes_json_and_plot(tmp_path, capsys):
     argv = ["--quick", "--budgets", "2", "4", "--batch-size", "32", "--batches", "1",
             "--draws", "2", "--no-progress", "--peers", "--out", str(tmp_path)]
-    assert al.main(argv) == 0
+    assert command.main(argv) == 0
     payload = json.loads((tmp_path / "alignment.json").read_text())
     assert payload["benchmark"] == "alignment"
     assert "machine" in payload and payload["results"]
