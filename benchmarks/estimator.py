@@ -4,7 +4,7 @@
 histogram and one gather over the N rollouts (plus O(M) work per prompt, and a
 few reductions when validating). Sparse ids (hashes, too wide for a direct
 table) first get compact slots from the hashing rounds of
-``sera_opt._estimator_hashing``: one scatter and one gather per rollout and
+``sera_opt.estimator.hashing``: one scatter and one gather per rollout and
 round, no sort of the rollouts. Targets, at N = 1,000,000 rollouts over
 M = 100,000 prompts: the dense paths within 3x of a single
 ``torch.zeros(M).index_add_(0, prompt_index, rewards)``, the sparse-id path
@@ -106,14 +106,10 @@ SPARSE_CASES = ("sparse ids, progression (hashed)", "sparse ids, random 64-bit (
 
 def _sort_reference(sera_opt, rewards, ids):
     """The advantages by the sort-based slots (torch.unique of the rollouts)."""
-    from sera_opt import _estimator_groups
+    from sera_opt.estimator.groups import sorted_sparse_slots
 
-    saved = _estimator_groups._SPARSE_SLOTS
-    _estimator_groups._SPARSE_SLOTS = "sort"
-    try:
+    with sorted_sparse_slots():
         return sera_opt.maxrl_advantages(rewards, ids)
-    finally:
-        _estimator_groups._SPARSE_SLOTS = saved
 
 
 def _cases(torch, sera_opt, rewards, ids, hashes, num_prompts):
@@ -280,11 +276,9 @@ def _cpu_caches() -> dict[str, str]:
 
 def _sparse_backend(num_rollouts: int) -> str:
     """How the sparse-id path assigns slots at this size on CPU."""
-    from sera_opt import _estimator_groups, _estimator_hashing
+    from sera_opt.estimator.groups import sparse_slot_method
 
-    if num_rollouts < _estimator_groups._HASH_MIN_ROLLOUTS:
-        return "sort (below the hashing threshold)"
-    return f"hashing, {_estimator_hashing._CPU_BACKEND} backend"
+    return sparse_slot_method(num_rollouts)
 
 
 def _first_sparse_call(sera_opt, rewards, hashes, sync=_no_sync) -> float:

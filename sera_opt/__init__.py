@@ -11,14 +11,14 @@ imported by the functions that need them.
 
 from importlib import import_module as _import_module
 
-from ._version import __version__
-from .api import allocate, waterline
 from ._kernel_cache import (
     KernelCacheInfo,
     clear_kernel_cache,
     kernel_cache_info,
     set_kernel_cache_dir,
 )
+from ._version import __version__
+from .api import allocate, waterline
 from .exceptions import (
     InfeasibleBudgetError,
     MissingDependencyError,
@@ -41,8 +41,8 @@ from .policies import (
 )
 from .problem import MAX_BUDGET, AllocationProblem, attenuation
 from .result import Allocation
-from .solvers import Solver, available_solvers, get_solver, register_solver
 from .separable import SeparableObjective, solve_separable
+from .solvers import Solver, available_solvers, get_solver, register_solver
 from .tracking import SuccessTracker
 
 # Names whose modules import torch: loaded on first access so that

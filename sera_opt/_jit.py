@@ -104,7 +104,7 @@ class _Kernels:
 
 
 def kernels(module_name: str) -> _Kernels:
-    """The kernel module ``module_name`` (absolute, e.g. ``"sera_opt._tracking_kernels"``),
+    """The kernel module ``module_name`` (absolute, e.g. ``"sera_opt.tracking.index_kernels"``),
     imported on first use; each kernel is announced when first looked up on it."""
     loaded = _LOADED.get(module_name)
     if loaded is None:

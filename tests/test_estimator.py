@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 from torch.overrides import TorchFunctionMode
 
 import sera_opt
-from sera_opt import _estimator_groups as groups_module
-from sera_opt import _estimator_hashing as hashing
 from sera_opt import estimator as est
+from sera_opt.estimator import groups as groups_module
+from sera_opt.estimator import hashing
 from sera_opt.exceptions import SeraOptError, SeraOptWarning
 from tests.markers import gpu
 
@@ -127,7 +127,7 @@ def test_all_slot_paths_agree_bitwise(data, combination):
 def test_wide_ids_get_compact_slots_and_sorted_statistics(hash_from):
     ids = torch.tensor([0, 10**15, 0, 10**15, 5])
     with _Setting(groups_module, _HASH_MIN_ROLLOUTS=hash_from):
-        groups = est.group(torch.tensor([1, 0, 0, 1, 1]), ids)
+        groups = groups_module.group(torch.tensor([1, 0, 0, 1, 1]), ids)
         stats = sera_opt.group_statistics(torch.tensor([1, 0, 0, 1, 1]), ids)
     assert isinstance(groups.slot_ids, hashing.HashedSlots) == (hash_from == 0)
     assert groups.num_slots == 3
@@ -231,7 +231,7 @@ def test_hashed_slots_match_the_sort_reference_bitwise(pool, data, fused):
         assert torch.equal(getattr(stats, field), getattr(ref_stats, field)), field
     if sparse:
         with _Setting(groups_module, _HASH_MIN_ROLLOUTS=0):
-            groups = est.group(rewards, ids)
+            groups = groups_module.group(rewards, ids)
         assert isinstance(groups.slot_ids, hashing.HashedSlots)
         assert groups.num_slots == torch.unique(ids).numel()  # compact: one slot per prompt
 

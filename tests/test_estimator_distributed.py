@@ -41,7 +41,7 @@ def _batch(seed, m=23, max_count=7):
 
 def _colliding(count):
     """Distinct ids that share their first hashing round's bucket (see test_estimator)."""
-    from sera_opt._estimator_hashing import _INVERSES
+    from sera_opt.estimator.hashing import _INVERSES
 
     out = []
     for low in range(count):
@@ -71,7 +71,7 @@ def _scenarios(rank, failures):
         "random 64-bit (hashed)": (keys[ids], None),
         "colliding (hashed)": (_colliding(counts.numel())[ids], None),
     }
-    from sera_opt import _estimator_groups
+    from sera_opt.estimator import groups as _estimator_groups
 
     # The shards are small: run the sparse ids through the hashing and the sort.
     for hash_from, estimator, correction in itertools.product(

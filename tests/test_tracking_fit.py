@@ -35,7 +35,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import sera_opt._beta_evidence as beta_evidence
+import sera_opt.tracking.evidence as beta_evidence
 from sera_opt import SuccessTracker
 
 RTOL = 1e-9

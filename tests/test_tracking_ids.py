@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sera_opt import SeraOptError, SuccessTracker
-from sera_opt._prompt_index import PromptIndex, parse_prompt_ids
+from sera_opt.tracking.index import PromptIndex, parse_prompt_ids
 
 
 def counts_by_dict(batches):

@@ -31,7 +31,7 @@ negative, int64 extremes, or chosen to collide.
 
 The rounds run as torch ops on any device (no host loop; one read-back per
 round for the number of losers), or, for CPU tensors, as the fused numba
-kernels of :mod:`._estimator_hashing_kernels`, about twice as fast because
+kernels of :mod:`.hashing_kernels`, about twice as fast because
 they need one full-size temporary where torch ops need several. Both compute
 the same rounds, so on CPU with one thread (where torch's scatter lets the
 last writer win, like the kernel) they give the same codes, bit for bit.
@@ -57,6 +57,11 @@ _MIN_BITS, _MAX_BITS = 4, 30  # ranks below 2**30 keep int32 codes valid
 #: The backend of CPU tensors: "numba" (about twice as fast as torch ops at every
 #: size; loading numba costs a second or so once per process) or "torch".
 _CPU_BACKEND = "numba"
+
+
+def cpu_backend() -> str:
+    """The backend of the hashing rounds on CPU (``"numba"`` or ``"torch"``)."""
+    return _CPU_BACKEND
 
 
 def _signed(value: int) -> int:
@@ -118,9 +123,9 @@ def kernel_histogram(codes: torch.Tensor, length: int) -> torch.Tensor:
     pass over the codes where ``bincount`` takes two (the first for their minimum
     and maximum, which the rounds already bound).
     """
-    from . import _jit
+    from .. import _jit
 
-    kernels = _jit.kernels("sera_opt._estimator_hashing_kernels")
+    kernels = _jit.kernels("sera_opt.estimator.hashing_kernels")
     table = torch.zeros(1 << max(0, length - 1).bit_length(), dtype=torch.int64)
     kernels.histogram(codes.numpy(), table.numpy())
     return table[:length]
@@ -184,9 +189,9 @@ def _numba_round(ids, success, rows, bits, round_index, first_slot, codes, carry
     """
     import numpy as np
 
-    from . import _jit
+    from .. import _jit
 
-    kernels = _jit.kernels("sera_opt._estimator_hashing_kernels")
+    kernels = _jit.kernels("sera_opt.estimator.hashing_kernels")
 
     multiplier = np.uint64(_MULTIPLIERS_U64[round_index])
     subset = rows is not None

@@ -25,9 +25,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import _jit
-from ._arrays import one_d
-from .exceptions import SeraOptError
+from .. import _jit
+from .._arrays import one_d
+from ..exceptions import SeraOptError
 
 __all__ = ["ParsedIds", "PromptIndex", "parse_prompt_ids"]
 
@@ -37,7 +37,7 @@ _MIXED = ("prompt_ids mix strings with other types; use one kind of id (all int 
 
 
 def _kernels():
-    return _jit.kernels("sera_opt._tracking_kernels")
+    return _jit.kernels("sera_opt.tracking.index_kernels")
 
 
 class ParsedIds(NamedTuple):

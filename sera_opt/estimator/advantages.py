@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 import torch
 
-from . import _estimator_losses as _losses
-from ._estimator_groups import _as_tensor, _world, check_flag, group
-from ._estimator_losses import LOSS_MODES as _LOSS_MODES
-from .exceptions import SeraOptError
+from ..exceptions import SeraOptError
+from . import losses as _losses
+from .groups import as_tensor, check_flag, distributed_world, group
+from .losses import LOSS_MODES as _LOSS_MODES
 
 __all__ = [
     "ESTIMATORS",
@@ -502,7 +502,7 @@ def advantage_diagnostics(rewards, prompt_index, *, estimator: str = "mean_centr
     groups = group(rewards, prompt_index, success_threshold=success_threshold,
                    num_prompts=num_prompts, process_group=process_group, validate=validate,
                    dtype=torch.float64)
-    dist, _ = _world(process_group)
+    dist, _ = distributed_world(process_group)
     successes = groups.successes
     counts = groups.failures + successes
     present = counts > 0
@@ -560,7 +560,7 @@ def advantage_diagnostics(rewards, prompt_index, *, estimator: str = "mean_centr
 
 
 def _slot_probs(success_probs, groups, n_safe, dist, process_group):
-    probs = _as_tensor(success_probs, "success_probs", device=groups.device)
+    probs = as_tensor(success_probs, "success_probs", device=groups.device)
     if probs.shape != groups.codes.shape or not probs.is_floating_point():
         raise SeraOptError(
             f"success_probs must be a floating tensor with one entry per rollout, shape "

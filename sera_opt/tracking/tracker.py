@@ -5,7 +5,7 @@ success probability must come from its history. :class:`SuccessTracker`
 keeps, per prompt, the (optionally decayed) numbers of successes and failures
 seen so far and turns them into a Beta posterior under a Beta prior fitted to
 the whole dataset. It is two parts with one job each: a prompt-id index
-(``_prompt_index``: id -> slot) and a Beta evidence table (``_beta_evidence``:
+(:mod:`.index`: id -> slot) and a Beta evidence table (:mod:`.evidence`:
 per-slot evidence, the decay clock and the fitted prior's moments, kept
 incrementally).
 """
@@ -19,11 +19,11 @@ from typing import Any
 
 import numpy as np
 
-from ._arrays import one_d
-from ._beta_evidence import BetaEvidence, fit_beta_prior
-from ._locking import LockedState
-from ._prompt_index import PromptIndex, parse_prompt_ids
-from .exceptions import SeraOptError
+from .._arrays import one_d
+from .._locking import LockedState
+from ..exceptions import SeraOptError
+from .evidence import BetaEvidence, fit_beta_prior
+from .index import PromptIndex, parse_prompt_ids
 
 __all__ = ["SuccessTracker"]
 

@@ -1,7 +1,7 @@
 """numba kernels of the sparse-id hashing rounds on CPU, and of the histogram of their
 codes. Imported lazily: this module loads numba.
 
-They compute exactly what the torch ops of :mod:`._estimator_hashing` compute
+They compute exactly what the torch ops of :mod:`.hashing` compute
 (the same multipliers, buckets, table layout, ranks and loser order; see
 there), in three passes over a round's rollouts (scatter, gather, finish)
 without the temporaries that separate torch ops need. A round after the first
@@ -16,7 +16,8 @@ the random accesses of consecutive rollouts overlap.
 from __future__ import annotations
 
 import numpy as np
-from ._jit import njit
+
+from .._jit import njit
 
 
 @njit(cache=True, nogil=True)

@@ -23,8 +23,8 @@ import warnings
 
 import torch
 
-from ._estimator_groups import _as_tensor, _world, check_flag, check_not_meta
-from .exceptions import SeraOptError, SeraOptWarning
+from ..exceptions import SeraOptError, SeraOptWarning
+from .groups import as_tensor, check_flag, check_not_meta, distributed_world
 
 LOSS_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "token-sum")
 
@@ -54,7 +54,7 @@ def check_mask(mask, like: torch.Tensor, like_name: str):
     """The mask as a tensor on ``like``'s device (structure only), or None."""
     if mask is None:
         return None
-    mask = _as_tensor(mask, "mask", device=like.device)
+    mask = as_tensor(mask, "mask", device=like.device)
     if mask.shape != like.shape:
         raise SeraOptError(
             f"mask must have the shape of {like_name}, {tuple(like.shape)}, got "
@@ -153,7 +153,7 @@ def add_finite_check(checks: ValueChecks, tensor: torch.Tensor, name: str, keep,
 
 def reduce_loss(per_token_loss, mask, keep, mode, process_group, checks) -> torch.Tensor:
     """The reduction of :func:`sera_opt.aggregate_loss`; ``checks`` is None when not validating."""
-    dist, world = _world(process_group)
+    dist, world = distributed_world(process_group)
     # Token and sequence counts in float64 (float32 on MPS): a bfloat16 count
     # would already be inexact beyond 256 tokens.
     count_dtype = torch.float32 if per_token_loss.device.type == "mps" else torch.float64
@@ -248,7 +248,7 @@ def policy_gradient_loss(token_logprobs, advantages, mask, mode, old_token_logpr
     validate = check_flag(validate, "validate")
     token_logprobs = _check_tokens(token_logprobs, "token_logprobs",
                                    "for sequence log-probabilities use shape (N, 1).")
-    advantages = _as_tensor(advantages, "advantages", device=token_logprobs.device)
+    advantages = as_tensor(advantages, "advantages", device=token_logprobs.device)
     if advantages.shape != token_logprobs.shape[:1]:
         raise SeraOptError(
             f"advantages must have one entry per sequence, shape ({token_logprobs.shape[0]},), "
@@ -264,7 +264,7 @@ def policy_gradient_loss(token_logprobs, advantages, mask, mode, old_token_logpr
     mask = check_mask(mask, token_logprobs, "token_logprobs")
     keep = kept_tokens(mask)
     if old_token_logprobs is not None:
-        old_token_logprobs = _as_tensor(old_token_logprobs, "old_token_logprobs",
+        old_token_logprobs = as_tensor(old_token_logprobs, "old_token_logprobs",
                                         device=token_logprobs.device)
         if old_token_logprobs.shape != token_logprobs.shape:
             raise SeraOptError(

@@ -48,10 +48,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import _jit
-from ._arrays import one_d
-from ._prompt_index import grown, power_of_two_at_least
-from .exceptions import SeraOptError
+from .. import _jit
+from .._arrays import one_d
+from ..exceptions import SeraOptError
+from .index import grown, power_of_two_at_least
 
 __all__ = ["BetaEvidence", "PriorMoments", "fit_beta_prior"]
 
@@ -80,7 +80,7 @@ MAX_BATCH = (1 << 31) - 1
 
 
 def _kernels():
-    return _jit.kernels("sera_opt._tracking_kernels")
+    return _jit.kernels("sera_opt.tracking.evidence_kernels")
 
 
 class PriorMoments(NamedTuple):
@@ -154,7 +154,7 @@ class BetaEvidence:
         # decay ** k for k = 0, 1, ... as numpy computes it; "complete" once it reached 0.
         self._powers = np.ones(1, dtype=np.float64)
         self._complete = False
-        # Moments (layout in _tracking_kernels), frame base step, centre of the rates.
+        # Moments (layout in evidence_kernels: five Neumaier pairs SUM_*), frame base step, centre of the rates.
         self._sums = np.zeros(10, dtype=np.float64)
         self._counts = np.zeros(2, dtype=np.int64)
         self._base = 0

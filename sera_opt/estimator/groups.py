@@ -28,6 +28,7 @@ all-reduced, so every rank sees the global counts of every prompt.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import operator
@@ -35,8 +36,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ._estimator_hashing import HashedSlots, hashed_codes, kernel_histogram
-from .exceptions import SeraOptError
+from ..exceptions import SeraOptError
+from .hashing import HashedSlots, hashed_codes, kernel_histogram
 
 # Ids spanning at most this many values per rollout use a dense table indexed
 # by ``id - min(id)``; its memory (16 bytes per slot) stays O(N).
@@ -92,7 +93,7 @@ def check_not_meta(tensor: torch.Tensor, name: str) -> torch.Tensor:
     return tensor
 
 
-def _as_tensor(value, name: str, device=None) -> torch.Tensor:
+def as_tensor(value, name: str, device=None) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         return check_not_meta(value, name)
     import numpy as np
@@ -231,7 +232,7 @@ def _index_error(prompt_index: torch.Tensor, num_prompts: int) -> SeraOptError:
     )
 
 
-def _world(process_group):
+def distributed_world(process_group):
     """(torch.distributed module, world size) for ``process_group``, or (None, 1)."""
     if process_group is None:
         return None, 1
@@ -267,6 +268,30 @@ _SPARSE_SLOTS = "hash"
 #: Below this many (local) rollouts sparse ids are sorted anyway: a sort of a few
 #: thousand values is cheaper than the hashing rounds' fixed costs.
 _HASH_MIN_ROLLOUTS = 1 << 13
+
+
+@contextlib.contextmanager
+def sorted_sparse_slots():
+    """Within the block, sparse ids get their slots by sorting (``torch.unique``), the
+    reference the hashed slots are tested and benchmarked against. It changes a module
+    setting: not for use while other threads run the estimator."""
+    global _SPARSE_SLOTS
+    saved, _SPARSE_SLOTS = _SPARSE_SLOTS, "sort"
+    try:
+        yield
+    finally:
+        _SPARSE_SLOTS = saved
+
+
+def sparse_slot_method(num_rollouts: int) -> str:
+    """How sparse ids of ``num_rollouts`` (local) rollouts on CPU get their slots."""
+    from .hashing import cpu_backend
+
+    if _SPARSE_SLOTS == "sort":
+        return "sort (the reference)"
+    if num_rollouts < _HASH_MIN_ROLLOUTS:
+        return "sort (below the hashing threshold)"
+    return f"hashing, {cpu_backend()} backend"
 
 
 def _index_dtype(num_slots: int) -> torch.dtype:
@@ -321,8 +346,8 @@ def _union(local, dist, process_group, world: int):
 def group(rewards, prompt_index, *, success_threshold=None, num_prompts=None,
           process_group=None, validate: bool = True, dtype=None) -> _Groups:
     """Validate the inputs, assign slots and build the (global) per-slot table."""
-    rewards = _as_tensor(rewards, "rewards")
-    prompt_index = _as_tensor(prompt_index, "prompt_index", device=rewards.device)
+    rewards = as_tensor(rewards, "rewards")
+    prompt_index = as_tensor(prompt_index, "prompt_index", device=rewards.device)
     if rewards.ndim != 1:
         raise SeraOptError(
             f"rewards must be 1-D (one outcome per rollout), got shape {tuple(rewards.shape)}; "
@@ -346,7 +371,7 @@ def group(rewards, prompt_index, *, success_threshold=None, num_prompts=None,
     out_dtype = result_dtype(rewards, dtype)
     success_threshold = _check_threshold(success_threshold)
     num_prompts = _check_num_prompts(num_prompts)
-    dist, world = _world(process_group)
+    dist, world = distributed_world(process_group)
     device = rewards.device
     n_local = rewards.shape[0]
 

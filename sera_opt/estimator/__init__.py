@@ -1,0 +1,24 @@
+"""The multiplicity-corrected MaxRL gradient estimator (PyTorch).
+
+:mod:`.advantages` holds the estimator (:func:`maxrl_advantages`, the per-prompt
+statistics and diagnostics); :mod:`.groups` turns prompt ids into groups (dense,
+hashed, across ranks) and checks the inputs; :mod:`.hashing` and
+:mod:`.hashing_kernels` give sparse ids compact slots; :mod:`.losses` aggregates
+per-token losses (:func:`aggregate_loss`, :func:`policy_gradient_loss`). The
+mathematics is in THEORY.md sections 2 and 4 and in docs/estimator.md.
+"""
+
+from . import advantages as _advantages
+from .advantages import (
+    ESTIMATOR_OFFSETS,
+    ESTIMATORS,
+    LOSS_MODES,
+    GroupStatistics,
+    advantage_diagnostics,
+    aggregate_loss,
+    group_statistics,
+    maxrl_advantages,
+    policy_gradient_loss,
+)
+
+__all__ = list(_advantages.__all__)

@@ -1,0 +1,12 @@
+"""Success-probability estimates before sampling (THEORY.md section 5).
+
+:class:`SuccessTracker` (:mod:`.tracker`) is two parts with one job each: a
+prompt-id index (:mod:`.index`, id -> slot, over the hash tables of
+:mod:`.index_kernels`) and a Beta evidence table (:mod:`.evidence`: per-slot
+evidence, the decay clock and the fitted prior's moments, kept incrementally by
+:mod:`.evidence_kernels`).
+"""
+
+from .tracker import MAX_PRIOR_STRENGTH, SuccessTracker
+
+__all__ = ["SuccessTracker"]
