@@ -7,6 +7,7 @@ objects under their documented names ``sera_opt.solvers.separable.*``.
 
 from __future__ import annotations
 
+from .. import separable as _engine
 from ..separable import (
     AlphaFairUtility,
     BetaLevels,
@@ -22,17 +23,5 @@ from ..separable import (
     validate_beta_posterior,
 )
 
-__all__ = [
-    "SeparableObjective",
-    "PointLevels",
-    "BetaLevels",
-    "KnapsackValue",
-    "HitUtility",
-    "PointHitUtility",
-    "RLOOVariance",
-    "InverseCountCost",
-    "AlphaFairUtility",
-    "solve_separable",
-    "validate_beta_posterior",
-    "check_alpha",
-]
+# The documented names here: the engine's, less expected_factors (sera_opt.policies' name).
+__all__ = [name for name in _engine.__all__ if name != "expected_factors"]
