@@ -406,10 +406,17 @@ def test_demo_end_to_end(tmp_path, capsys):
     assert "uniform" in out and "SERA(tracker)" in out and "SERA(true p) no cap" in out
     assert "Expected-estimator cosine versus uniform" in out
     # the library's default allocation is the demo's one peer, shown and judged
-    from sera_opt.planner import DEFAULT_POLICY
+    import sera_opt
 
     default = report.short_label(f"{al_config.DEMO_DEFAULT}/tracker")
-    assert al_config.DEMO_DEFAULT.startswith(DEFAULT_POLICY)
+    # the demo's arm builds the planner's default policy, with the same options of its own
+    planner_policy = sera_opt.RolloutPlanner().policy
+    demo_policy = gradients.make_policy(al_config.DEMO_DEFAULT, min_rollouts=2, max_rollouts=None,
+                                        offset=1)
+    own = type(planner_policy).option_names
+    assert demo_policy.name == planner_policy.name and own
+    assert ({k: demo_policy.config()["options"][k] for k in own}
+            == {k: planner_policy.config()["options"][k] for k in own})
     assert out.count(default) >= 4, out  # both tables, the legend, the verdict
     assert f"c=0: {default} above uniform at" in out
     payload = json.loads((tmp_path / "demo.json").read_text())
