@@ -330,7 +330,7 @@ class SeparablePolicy(AllocationPolicy):
                 f"problem's {problem.num_prompts} prompts, got {objective!r}."
             )
         counts = solve_validated(objective, problem.min_rollouts, problem.max_rollouts,
-                        problem.spare_budget, np.zeros(4, dtype=np.int64))
+                                 problem.spare_budget, np.zeros(4, dtype=np.int64))
         return Allocation._trusted(problem, counts, solver=self.name,
                                    wall_time=time.perf_counter() - start,
                                    objective=objective, posterior=posterior)
