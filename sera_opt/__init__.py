@@ -41,6 +41,7 @@ from .policies import (
 )
 from .problem import MAX_BUDGET, AllocationProblem, attenuation
 from .result import Allocation
+from .rounds import RoundResult, RoundSession
 from .separable import SeparableObjective, solve_separable
 from .solvers import Solver, available_solvers, get_solver, register_solver
 from .tracking import SuccessTracker

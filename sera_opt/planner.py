@@ -15,11 +15,14 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from ._locking import LockedState
 from .exceptions import SeraOptError, SeraOptWarning
 from .policies import AllocationPolicy, get_policy, policy_from_config
 from .result import Allocation
 from .tracking import SuccessTracker
+from .tracking.index import parse_prompt_ids
 
 __all__ = ["RolloutPlanner", "DEFAULT_POLICY", "DEFAULT_POLICY_OPTIONS"]
 
@@ -39,6 +42,17 @@ _FORMAT_V1 = "sera_opt.RolloutPlanner/1"
 #: estimator agree; pass ``offset=0, min_rollouts=1`` for ``"success_average"``.
 DEFAULT_POLICY = "sera-fair"
 DEFAULT_POLICY_OPTIONS: dict[str, Any] = {"alpha": 1.0, "offset": 1, "min_rollouts": 2}
+
+
+def _id_array(prompt_ids) -> np.ndarray:
+    """The ids as a numpy array that :meth:`SuccessTracker.update` reads back the same."""
+    parsed = parse_prompt_ids(prompt_ids)
+    if parsed.kind != "str":
+        return parsed.values
+    width = parsed.values.shape[1]
+    if width == 0:
+        return np.full(parsed.count, "", dtype="U1")
+    return np.ascontiguousarray(parsed.values).view(f"U{width}").reshape(-1)
 
 
 class RolloutPlanner(LockedState):
@@ -121,31 +135,79 @@ class RolloutPlanner(LockedState):
             its own ``min_rollouts``), so the prompt receives the sum of its
             rows' counts; :meth:`observe` pools all their rollouts.
         """
+        policy, _, success_probs, allocate_options = self._inputs(prompt_ids,
+                                                                  allocate_options, "plan")
+        # The estimates are this call's own arrays: the solve needs no lock.
+        return policy.allocate(success_probs, budget, min_rollouts=min_rollouts,
+                               max_rollouts=max_rollouts, **allocate_options)
+
+    def _inputs(self, prompt_ids, allocate_options, caller: str, *, posterior: bool = False):
+        """The policy and tracker of one state, the estimates for ``prompt_ids`` and the
+        policy's inputs (the tracker's posterior where it takes one); ``posterior``: also
+        read the posterior for the caller's own use."""
+        allocate_options = dict(allocate_options)
         with self._lock:
             # The policy and the tracker of one state (load_state_dict swaps both).
             policy, tracker = self.policy, self.tracker
+            prior = tracker.posterior(prompt_ids) if posterior else None
             if "posterior" in policy.extra_inputs:
                 if "posterior" in allocate_options:
                     raise SeraOptError(
                         "the planner passes the tracker's posterior itself; do not pass "
                         "posterior=."
                     )
-                allocate_options["posterior"] = tracker.posterior(prompt_ids)
+                allocate_options["posterior"] = (prior if prior is not None
+                                                 else tracker.posterior(prompt_ids))
                 success_probs = None
             else:
                 success_probs = tracker.estimate(prompt_ids)
         repeats, examples = SuccessTracker._repeated_ids(prompt_ids)
         if repeats:
             warnings.warn(
-                f"prompt_ids repeats {repeats} prompt id(s) within one plan() call (for example "
-                f"{', '.join(repr(e) for e in examples)}): each row is planned as a prompt of "
-                f"its own, with the same estimate, and gets its own count, so the prompt "
-                f"receives the sum of its rows' counts (at least min_rollouts per row). Pass "
-                f"each prompt once to plan it once.", SeraOptWarning, stacklevel=2)
-        # The estimates are this call's own arrays: the solve needs no lock.
+                f"prompt_ids repeats {repeats} prompt id(s) within one {caller}() call (for "
+                f"example {', '.join(repr(e) for e in examples)}): each row is planned as a "
+                f"prompt of its own, with the same estimate, and gets its own count, so the "
+                f"prompt receives the sum of its rows' counts (at least min_rollouts per row). "
+                f"Pass each prompt once to plan it once.", SeraOptWarning, stacklevel=3)
         policy._check_inputs(allocate_options)
-        return policy.allocate(success_probs, budget, min_rollouts=min_rollouts,
-                               max_rollouts=max_rollouts, **allocate_options)
+        return policy, (tracker, prior), success_probs, allocate_options
+
+    def start_rounds(self, prompt_ids, budget, *, rounds, first=None, round_budgets=None,
+                     min_rollouts=None, max_rollouts=None, **allocate_options: Any):
+        """Plan the step's ``budget`` in ``rounds`` rounds (THEORY.md section 9); returns a
+        :class:`~sera_opt.rounds.RoundSession`.
+
+        Each round after the first is allocated by the planner's policy on the
+        tracker's posteriors updated with the step's outcomes so far. When the session
+        ends (its last :meth:`~sera_opt.rounds.RoundSession.record`, or
+        :meth:`~sera_opt.rounds.RoundSession.stop`) the tracker receives every
+        round's outcomes in one update: do not also :meth:`observe` them. With
+        ``rounds=1`` the counts are those of :meth:`plan`, bit for bit.
+
+        ``first``, ``round_budgets``, ``min_rollouts`` and ``max_rollouts`` are those of
+        :meth:`sera_opt.AllocationPolicy.start_rounds`; ``allocate_options`` the
+        policy's other extra inputs (as for :meth:`plan`).
+        """
+        from .problem import validate_count
+
+        rounds = validate_count(rounds, "rounds", minimum=1)
+        policy, (tracker, prior), success_probs, options = self._inputs(
+            prompt_ids, allocate_options, "start_rounds", posterior=True)
+
+        def static():
+            return policy.allocate(success_probs, budget, min_rollouts=min_rollouts,
+                                   max_rollouts=max_rollouts, **options)
+
+        ids = _id_array(prompt_ids)
+
+        def finish(index, rewards):
+            tracker.update(ids[index], rewards)
+
+        a, b = prior
+        others = {k: v for k, v in options.items() if k != "posterior"}
+        return policy._round_session(a / (a + b), budget, rounds, first, round_budgets,
+                                     min_rollouts, max_rollouts, None, prior, others, static,
+                                     prompt_ids=ids, on_finish=finish)
 
     def observe(self, prompt_ids, rewards) -> RolloutPlanner:
         """Record rollout outcomes (one entry per rollout); see :meth:`SuccessTracker.update`."""

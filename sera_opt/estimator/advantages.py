@@ -222,7 +222,7 @@ def _slot_values(groups, offset: int, multiplicity_correction: bool):
 def maxrl_advantages(rewards, prompt_index, *, estimator: str = "mean_centred",
                      multiplicity_correction: bool = True, success_threshold=None,
                      num_prompts=None, process_group=None, validate: bool = True,
-                     dtype=None, allocation=None) -> torch.Tensor:
+                     dtype=None, allocation=None, round_index=None) -> torch.Tensor:
     """One MaxRL advantage per rollout, optionally multiplicity-corrected.
 
     With ``K_i`` successes among the ``n_i`` rollouts of prompt ``i``,
@@ -266,6 +266,21 @@ def maxrl_advantages(rewards, prompt_index, *, estimator: str = "mean_centred",
         (no device read-back): its offset must be the estimator's ``c``
         (offset 1 also guarantees the 2 rollouts per prompt that
         ``"mean_centred"`` needs for a signal).
+    round_index : torch.Tensor of integers, shape (N,), optional
+        The round (0-based) of each rollout when the step was sampled in rounds
+        (:class:`sera_opt.rounds.RoundSession`; ``RoundResult.round_index``). The
+        counts are then not fixed before sampling, and the contract's factor
+        becomes each prompt's scale ``kappa_i`` (THEORY.md section 9), which
+        ``RoundResult.factors`` reports. ``"success_average"`` is unchanged (its
+        scale is ``P(K_i >= 1)`` under any reward-only rule). ``"mean_centred"``
+        replaces the pooled baseline, whose scale under adaptive stopping depends
+        on the rule and exceeds 1 for some, by the first round's: ``A_ij = s_i
+        (r_ij / K_i - 1{K1_i >= 1} 1{j in round 0} / n0_i)``, with ``n0_i`` and
+        ``K1_i`` the prompt's first-round rollouts and successes and ``s_i`` its
+        ``nbar`` (corrected) or ``n_i``; its scale is ``P(K_i >= 1) - p_i (1 -
+        p_i)^(n0_i - 1)`` whatever the later rounds did, provided round 0 was
+        planned before any of the step's rewards were seen. With every rollout in
+        round 0 this is the usual estimator.
 
     Returns
     -------
@@ -290,8 +305,67 @@ def maxrl_advantages(rewards, prompt_index, *, estimator: str = "mean_centred",
                    dtype=dtype)
     if validate:
         _check_range(groups)
+    if round_index is not None:
+        first = _first_round_mask(round_index, groups, validate)
+        if offset == 1:
+            values = _first_round_values(groups, first, multiplicity_correction, process_group)
+            index = groups.codes.long() * 2 + first.long()
+            return values.view(-1).index_select(0, index)
     values = _slot_values(groups, offset, multiplicity_correction)
     return values.view(-1).index_select(0, groups.codes)
+
+
+def _first_round_mask(round_index, groups, validate: bool) -> torch.Tensor:
+    """``round_index == 0``, after checking its shape, dtype and (with ``validate``) sign."""
+    rounds = as_tensor(round_index, "round_index", device=groups.device)
+    n = groups.codes.shape[0]
+    if rounds.ndim != 1 or rounds.shape[0] != n:
+        raise SeraOptError(
+            f"round_index must be 1-D with one round per rollout, i.e. shape ({n},); got "
+            f"shape {tuple(rounds.shape)}."
+        )
+    if rounds.dtype == torch.bool or rounds.is_floating_point() or rounds.is_complex():
+        raise SeraOptError(
+            f"round_index must be an integer tensor of rounds (0 for the first), got dtype "
+            f"{rounds.dtype}."
+        )
+    if rounds.device != groups.device:
+        raise SeraOptError(
+            f"round_index must be on the device of rewards ({groups.device}), got "
+            f"{rounds.device}."
+        )
+    if validate and n and bool((rounds < 0).any()):
+        raise SeraOptError("round_index must be >= 0 (0 is the first round).")
+    return rounds == 0
+
+
+def _first_round_values(groups, first: torch.Tensor, multiplicity_correction: bool,
+                        process_group) -> torch.Tensor:
+    """Per slot, the advantages of (failure, later), (failure, first), (success, later),
+    (success, first) under the first-round baseline, shape (S, 2, 2)."""
+    compute = torch.float32 if groups.device.type == "mps" else torch.float64
+    first_table = torch.zeros_like(groups.table)
+    codes = groups.codes.long()
+    first_table.index_add_(0, codes[first], torch.ones_like(codes[first]))
+    dist, _ = distributed_world(process_group)
+    if dist is not None:
+        dist.all_reduce(first_table, group=process_group)
+    pair = groups.table.view(-1, 2).to(compute)
+    counts = pair[:, 0] + pair[:, 1]
+    successes = pair[:, 1]
+    first_pair = first_table.view(-1, 2).to(compute)
+    n0 = first_pair[:, 0] + first_pair[:, 1]
+    gate = (first_pair[:, 1] > 0).to(compute)
+    if multiplicity_correction:
+        scale = counts.sum() / torch.count_nonzero(counts).clamp_min(1)
+    else:
+        scale = counts
+    baseline = gate * scale / n0  # read only where n0 >= 1 (a first-round rollout)
+    values = torch.zeros((pair.shape[0], 2, 2), dtype=compute, device=groups.device)
+    values[:, 0, 1] = 0.0 - baseline  # +0.0, not -0.0, where the gate is closed
+    values[:, 1, 0] = scale / successes
+    values[:, 1, 1] = scale / successes - baseline
+    return values.to(groups.dtype)
 
 
 def _check_allocation(allocation, estimator: str, offset: int) -> None:

@@ -104,6 +104,10 @@ def as_tensor(value, name: str, device=None) -> torch.Tensor:
             f"would use whatever the masked entries hold. Pass {name}.compressed() (and the "
             f"matching entries of the other inputs) to drop them, or {name}.filled(value)."
         )
+    if isinstance(value, np.ndarray) and not value.flags.writeable:
+        # A read-only array (an Allocation's or a RoundResult's) would share memory that
+        # torch may not write to: copy it rather than warn.
+        value = np.array(value)
     try:
         return torch.as_tensor(value, device=device)
     except Exception as exc:  # ragged lists, strings and the like

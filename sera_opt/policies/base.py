@@ -19,6 +19,7 @@ from ..problem import (
     validate_count,
     validate_offset,
     validate_real,
+    validate_success_probs,
 )
 from ..result import Allocation
 
@@ -278,6 +279,96 @@ class AllocationPolicy(ABC):
         problem = self.problem(success_probs, budget, min_rollouts=min_rollouts,
                                max_rollouts=max_rollouts)
         return self._allocate(problem, **inputs)
+
+    def start_rounds(self, success_probs, budget, *, rounds, first=None, round_budgets=None,
+                     min_rollouts=None, max_rollouts=None, **inputs: Any):
+        """Spend ``budget`` over ``rounds`` rounds, allocating each on what the earlier
+        ones showed (THEORY.md section 9); returns a :class:`~sera_opt.rounds.RoundSession`.
+
+        The probabilities are taken as the truth (a posterior given as
+        ``posterior=`` is updated round by round instead), so the session's
+        ``factors`` are exact expectations. ``rounds=1`` is :meth:`allocate`: the same
+        counts, bit for bit.
+
+        Parameters
+        ----------
+        success_probs : array_like, shape (M,)
+            The prompts' success probabilities (``None`` with a ``posterior``: its means).
+        budget : int
+            The step's rollouts over all rounds; spent exactly unless the session is
+            stopped early (:meth:`~sera_opt.rounds.RoundSession.stop`).
+        rounds : int
+            ``R >= 1``.
+        first : int, optional
+            Rollouts per prompt in the first, non-adaptive round (at least the prompt's
+            ``min_rollouts``). Default: half the average count, ``budget // (2 M)``, and
+            at least ``min_rollouts``.
+        round_budgets : sequence of int, optional
+            The budgets of rounds 2..R (summing to what the first round leaves).
+            Default: what is left, split evenly.
+        min_rollouts, max_rollouts : int or array_like, optional
+            Bounds on each prompt's realized total, as in :meth:`allocate`.
+        **inputs
+            The policy's :attr:`extra_inputs`.
+        """
+        self._check_inputs(inputs)
+        rounds = validate_count(rounds, "rounds", minimum=1)
+        posterior = inputs.get("posterior")
+        if success_probs is None and posterior is not None:
+            from ..separable import validate_beta_posterior
+
+            a, b = validate_beta_posterior(*posterior)
+            p = a / (a + b)
+        else:
+            p = validate_success_probs(success_probs)
+        static_probs = success_probs
+
+        def static():
+            return self.allocate(static_probs, budget, min_rollouts=min_rollouts,
+                                 max_rollouts=max_rollouts, **inputs)
+
+        prior = None
+        if posterior is not None:
+            from ..separable import validate_beta_posterior
+
+            prior = validate_beta_posterior(*posterior, p.shape[0])
+        others = {k: v for k, v in inputs.items() if k != "posterior"}
+        return self._round_session(p, budget, rounds, first, round_budgets, min_rollouts,
+                                   max_rollouts, None if prior is not None else p, prior,
+                                   others, static)
+
+    def _round_session(self, p, budget, rounds, first, round_budgets, min_rollouts,
+                       max_rollouts, truth, prior, inputs, static, prompt_ids=None,
+                       on_finish=None):
+        """The session of :meth:`start_rounds` and the planner's, on validated inputs."""
+        from ..rounds import RoundSession
+
+        budget = validate_count(budget, "budget")
+        lo, hi = self._call_bounds(p, budget, min_rollouts, max_rollouts)
+        problem = AllocationProblem(p, budget, min_rollouts=lo, max_rollouts=hi,
+                                    offset=self.offset)
+        m = problem.num_prompts
+        if first is None:
+            first = budget // (2 * m) if m else 0
+        else:
+            first = validate_count(first, "first", minimum=1)
+        return RoundSession(self, problem.budget, rounds=rounds, first=first,
+                            round_split=round_budgets, lo=np.array(problem.min_rollouts),
+                            hi=np.array(problem.max_rollouts), truth=truth, prior=prior,
+                            inputs=inputs, static=static, prompt_ids=prompt_ids,
+                            on_finish=on_finish)
+
+    def round_objective(self, problem: AllocationProblem, **inputs: Any):
+        """The objective a round of :meth:`start_rounds` solves over the active prompts,
+        on their updated estimates (``problem.success_probs``). Policies with an
+        :meth:`objective` use it; others must override this to run in rounds."""
+        objective = getattr(self, "objective", None)
+        if objective is None:
+            raise SeraOptError(
+                f"policy {self.name!r} has no objective to solve a round with; implement "
+                f"round_objective(problem, **inputs) to use it with start_rounds."
+            )
+        return objective(problem, **inputs)
 
     def _check_inputs(self, inputs: Mapping[str, Any]) -> None:
         unknown = sorted(set(inputs) - self.extra_inputs)

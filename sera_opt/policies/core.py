@@ -9,9 +9,9 @@ import numpy as np
 
 from ..problem import AllocationProblem
 from ..result import Allocation
+from ..separable import SeparableObjective
 from ..separable.tiers import even_increments
 from ..solvers.base import SOLVERS, get_solver, is_registered
-from ..separable import SeparableObjective
 from ..solvers.waterline import WaterlineSolver, allocate_batch
 from .base import DEFAULT_MAX_RATIO, AllocationPolicy, register_policy, unknown_option_error
 
@@ -83,6 +83,13 @@ class SERAPolicy(AllocationPolicy):
     def _allocate(self, problem: AllocationProblem) -> Allocation:
         return self.solver.solve(problem, **self.solver_options)
 
+    def round_objective(self, problem: AllocationProblem, **inputs: Any):
+        """SERA's levels, solved by the engine whatever the solver (a round's counts are
+        the exact max-min; :meth:`start_rounds`)."""
+        from ..separable.levels import PointLevels
+
+        return PointLevels.from_problem(problem)
+
     def config(self) -> dict[str, Any]:
         config = super().config()
         config["options"].update(self.solver_options)
@@ -141,6 +148,11 @@ class EvenCounts(SeparableObjective):
     def terms(self, counts):
         return self._counts(counts).astype(float)
 
+    def _solve_rows(self, idx, lo, hi, spare, stats):
+        # Water-filling is this objective's exact optimum, with the engine's tie rule
+        # (fewer rollouts first, then the lower index).
+        return lo + even_increments(lo, hi - lo, spare)
+
 
 def uniform_counts(problem: AllocationProblem):
     """Counts as even as the budget and bounds allow: water-filling, the lowest counts
@@ -163,6 +175,10 @@ class UniformPolicy(AllocationPolicy):
 
     name = "uniform"
     preference = 1
+
+    def round_objective(self, problem: AllocationProblem, **inputs: Any):
+        """Even counts: a round raises the active prompts' lowest totals first."""
+        return EvenCounts(problem.num_prompts)
 
     def _allocate(self, problem: AllocationProblem) -> Allocation:
         start = time.perf_counter()

@@ -1,0 +1,438 @@
+"""Allocation in rounds within a step (THEORY.md section 9): the sessions, their
+per-round allocation, their expected scales, and the exact scale reference."""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import sera_opt
+from sera_opt.rounds import (
+    RoundSession,
+    balanced_rule,
+    first_success_rule,
+    fixed_rule,
+    round_budgets,
+    rule_scale,
+)
+
+POLICY_INPUTS = {"gvm": lambda m: {"gradient_norms": np.linspace(0.5, 2.0, m)}}
+
+
+def policy_inputs(name, m):
+    return POLICY_INPUTS.get(name, lambda m: {})(m)
+
+
+def run(session, p, rng):
+    """Draw every round of ``session`` with success probabilities ``p``."""
+    while not session.done:
+        counts = session.next_round()
+        session.record(rng.random(int(counts.sum())) < np.repeat(p, counts))
+    return session.result()
+
+
+# ---------------------------------------------------------------- the reference
+@pytest.mark.parametrize("offset", [0, 1])
+@pytest.mark.parametrize("n", [2, 3, 7])
+@pytest.mark.parametrize("p", [0.0, 0.05, 0.4, 0.9, 1.0])
+def test_a_fixed_count_has_the_static_factor(p, n, offset):
+    got = rule_scale(p, fixed_rule(n), rounds=1, offset=offset)
+    assert got.scale == pytest.approx(float(sera_opt.attenuation([p], [n], offset)[0]),
+                                      abs=1e-12)
+    assert got.rollouts == pytest.approx(n)
+    # Two rounds of fixed counts are one static plan.
+    split = rule_scale(p, fixed_rule(n - 1, 1), rounds=2, offset=offset, baseline="pooled")
+    assert split.scale == pytest.approx(got.scale, abs=1e-12)
+
+
+@pytest.mark.parametrize("p", [0.03, 0.3, 0.7])
+def test_stopping_at_the_first_success_keeps_the_factor_of_the_cap(p):
+    cap = 12
+    got = rule_scale(p, first_success_rule(2, 1, cap), rounds=cap - 1)
+    assert got.scale == pytest.approx(1 - (1 - p) ** cap, abs=1e-12)
+    # ... at the expected cost 2 + sum_{t >= 2} P(no success in t) over the later draws
+    assert got.rollouts == pytest.approx(2 + sum((1 - p) ** t for t in range(2, cap)))
+
+
+@pytest.mark.parametrize("n0", [2, 4])
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_the_first_round_baseline_has_its_closed_form_scale(p, n0):
+    rule = first_success_rule(n0, 2, 14)
+    hit = rule_scale(p, rule, rounds=6, offset=0).scale
+    got = rule_scale(p, rule, rounds=6, offset=1, baseline="first_round").scale
+    assert got == pytest.approx(hit - p * (1 - p) ** (n0 - 1), abs=1e-12)
+
+
+def test_the_pooled_baseline_is_mis_scaled_under_the_balanced_rule():
+    # THEORY.md section 9: 1.19 at p = 0.8 and 1.33 at p = 0.95.
+    rule = balanced_rule(8, 2, 2)
+    assert rule_scale(0.8, rule, rounds=4, offset=1, baseline="pooled").scale == \
+        pytest.approx(1.19, abs=0.005)
+    assert rule_scale(0.95, rule, rounds=4, offset=1, baseline="pooled").scale == \
+        pytest.approx(1.33, abs=0.005)
+
+
+def test_a_rule_must_return_a_count():
+    with pytest.raises(sera_opt.SeraOptError, match="int >= 0"):
+        rule_scale(0.5, lambda r, t, k, k1: 1.5, rounds=1)
+    with pytest.raises(sera_opt.SeraOptError, match="probability"):
+        rule_scale(1.5, fixed_rule(2), rounds=1)
+    with pytest.raises(sera_opt.SeraOptError, match="baseline"):
+        rule_scale(0.5, fixed_rule(2), rounds=1, offset=1, baseline="mean")
+
+
+# ---------------------------------------------------------------- the estimator
+def _softmax_prompt(seed, vocab=6):
+    """A softmax policy over ``vocab`` answers, the first two correct: its scores and
+    the exact likelihood gradient of ``log p``."""
+    rng = np.random.default_rng(seed)
+    theta = rng.normal(size=vocab)
+    pi = np.exp(theta - theta.max())
+    pi /= pi.sum()
+    p = pi[:2].sum()
+    scores = np.eye(vocab) - pi  # grad log pi(y) for each answer y
+    grad_log_p = (pi[:2, None] * scores[:2]).sum(0) / p
+    return pi, p, scores, grad_log_p
+
+
+def _simulate(rule, rounds, pi, episodes, rng):
+    """Run a per-prompt rule on ``episodes`` independent copies of one prompt: the
+    answers, rewards, prompt (episode) and round of every rollout."""
+    answers, rewards, prompt, round_of = [], [], [], []
+    for e in range(episodes):
+        total = successes = first = 0
+        for r in range(rounds):
+            m = rule(r, total, successes, first)
+            if not m:
+                continue
+            y = rng.choice(pi.shape[0], size=m, p=pi)
+            wins = int((y < 2).sum())
+            if r == 0:
+                first = wins
+            total += m
+            successes += wins
+            answers.append(y)
+            rewards.append((y < 2).astype(float))
+            prompt.append(np.full(m, e))
+            round_of.append(np.full(m, r))
+    return (np.concatenate(answers), np.concatenate(rewards), np.concatenate(prompt),
+            np.concatenate(round_of))
+
+
+RULES = {
+    "first-success": (first_success_rule(2, 1, 10), 9),
+    "balanced": (balanced_rule(8, 2, 2), 4),
+    "two-then-batch": (first_success_rule(3, 4, 15), 4),
+}
+
+
+@pytest.mark.parametrize("baseline", ["first_round", "pooled", None])
+@pytest.mark.parametrize("rule_name", sorted(RULES))
+def test_the_estimator_has_the_enumerated_scale_at_score_level(rule_name, baseline):
+    """E[g] = kappa grad log p, with kappa from exact enumeration (Monte Carlo, softmax
+    policy, within 3 standard errors): along grad log p, and nothing across it."""
+    torch = pytest.importorskip("torch")
+    rule, rounds = RULES[rule_name]
+    pi, p, scores, grad = _softmax_prompt(3)
+    rng = np.random.default_rng(11)
+    episodes = 6000
+    y, r, prompt, rnd = _simulate(rule, rounds, pi, episodes, rng)
+    estimator = "success_average" if baseline is None else "mean_centred"
+    kwargs = {"round_index": torch.as_tensor(rnd)} if baseline == "first_round" else {}
+    adv = sera_opt.maxrl_advantages(torch.as_tensor(r), torch.as_tensor(prompt),
+                                    estimator=estimator, multiplicity_correction=False,
+                                    **kwargs).numpy()
+    # sum_j A_j S_j = n g per episode (no multiplicity correction).
+    n = np.bincount(prompt, minlength=episodes)
+    g = np.zeros((episodes, scores.shape[1]))
+    np.add.at(g, prompt, adv[:, None] * scores[y] / n[prompt][:, None])
+    offset = 0 if baseline is None else 1
+    kappa = rule_scale(p, rule, rounds=rounds, offset=offset,
+                       baseline=baseline or "first_round").scale
+    unit = grad / np.linalg.norm(grad)
+    along = g @ unit
+    assert abs(along.mean() - kappa * np.linalg.norm(grad)) < 3 * along.std() / math.sqrt(episodes)
+    across = g - np.outer(along, unit)
+    other = np.linalg.svd(across, full_matrices=False)[2][0]  # the largest spread across
+    proj = across @ other
+    assert abs(proj.mean()) < 3 * proj.std() / math.sqrt(episodes)
+
+
+def test_round_index_all_zero_is_the_usual_estimator():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    r = torch.as_tensor(rng.random(200) < 0.4, dtype=torch.float64)
+    idx = torch.as_tensor(rng.integers(0, 30, 200))
+    for mc in (True, False):
+        usual = sera_opt.maxrl_advantages(r, idx, multiplicity_correction=mc)
+        rounds = sera_opt.maxrl_advantages(r, idx, multiplicity_correction=mc,
+                                           round_index=torch.zeros(200, dtype=torch.long))
+        torch.testing.assert_close(rounds, usual, rtol=1e-12, atol=1e-12)
+        # success_average ignores the rounds: its scale is P(K >= 1) under any rule.
+        torch.testing.assert_close(
+            sera_opt.maxrl_advantages(r, idx, estimator="success_average",
+                                      multiplicity_correction=mc,
+                                      round_index=torch.as_tensor(rng.integers(0, 3, 200))),
+            sera_opt.maxrl_advantages(r, idx, estimator="success_average",
+                                      multiplicity_correction=mc))
+
+
+def test_round_index_gives_the_first_round_baseline_by_hand():
+    torch = pytest.importorskip("torch")
+    r = torch.tensor([1.0, 0, 1, 0, 0, 1, 1, 0])
+    idx = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2])
+    rnd = torch.tensor([0, 0, 1, 0, 0, 1, 0, 1])
+    nbar = 8 / 3
+    # prompt 0: n0 = 2, K1 = 1, K = 2; prompt 1: K1 = 0; prompt 2: n0 = 1, K1 = K = 1
+    want = [nbar * (1 / 2 - 1 / 2), -nbar / 2, nbar / 2, 0, 0, nbar, nbar * (1 - 1), 0]
+    got = sera_opt.maxrl_advantages(r, idx, round_index=rnd)
+    torch.testing.assert_close(got, torch.tensor(want))
+    assert not torch.signbit(got).logical_and(got == 0).any()  # no -0.0
+
+
+def test_round_index_is_checked():
+    torch = pytest.importorskip("torch")
+    r, idx = torch.tensor([1.0, 0.0]), torch.tensor([0, 0])
+    for bad, match in [(torch.tensor([0]), "shape"), (torch.tensor([0.0, 1.0]), "integer"),
+                       (torch.tensor([0, -1]), ">= 0")]:
+        with pytest.raises(sera_opt.SeraOptError, match=match):
+            sera_opt.maxrl_advantages(r, idx, round_index=bad)
+
+
+# ---------------------------------------------------------------- sessions
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(sera_opt.available_policies()), st.integers(1, 12),
+       st.integers(0, 2**32 - 1), st.integers(1, 6), st.sampled_from([0, 1]))
+def test_one_round_is_the_static_plan_bit_for_bit(name, m, seed, per, offset):
+    rng = np.random.default_rng(seed)
+    p = rng.choice([0.0, 0.02, 0.3, 0.5, 0.97, 1.0], m) if seed % 3 == 0 else rng.random(m)
+    policy = sera_opt.get_policy(name, offset=offset)
+    budget = m * (per + int(policy.min_rollouts))
+    inputs = policy_inputs(name, m)
+    static = policy.allocate(p, budget, **inputs)
+    session = policy.start_rounds(p, budget, rounds=1, **inputs)
+    counts = session.next_round()
+    assert counts.dtype == np.int64
+    assert np.array_equal(counts, static.counts)
+    session.record(np.zeros(int(counts.sum())))
+    out = session.result()
+    assert np.array_equal(out.counts, static.counts)
+    assert np.array_equal(out.round_index, np.zeros(budget, dtype=np.int64))
+    np.testing.assert_allclose(out.factors, sera_opt.attenuation(p, static.counts, offset),
+                               rtol=1e-12, atol=1e-15)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(1, 10), st.integers(0, 2**32 - 1), st.sampled_from([0, 1]))
+def test_one_round_through_the_planner_is_plan(m, seed, offset):
+    rng = np.random.default_rng(seed)
+    ids = rng.choice(1000, m, replace=False)
+    for name in ("sera-fair", "sera-bayes", "uniform"):
+        planner = sera_opt.RolloutPlanner(name, offset=offset)
+        planner.observe(np.repeat(ids, 3), rng.random(3 * m) < 0.5)
+        budget = (3 + offset) * m
+        session = planner.start_rounds(ids, budget, rounds=1)
+        assert np.array_equal(session.next_round(), planner.plan(ids, budget).counts)
+
+
+@pytest.mark.parametrize("name", sera_opt.available_policies())
+@pytest.mark.parametrize("offset", [0, 1])
+def test_every_policy_spends_the_budget_exactly_in_rounds(name, offset):
+    rng = np.random.default_rng(5)
+    m = 40
+    p = rng.beta(0.6, 1.2, m)
+    policy = sera_opt.get_policy(name, offset=offset, max_rollouts=24)
+    budget = 8 * m
+    first = max(2, int(policy.min_rollouts))
+    session = policy.start_rounds(p, budget, rounds=4, first=2, **policy_inputs(name, m))
+    out = run(session, p, rng)
+    assert out.counts.sum() == budget
+    assert out.round_counts.sum(0).tolist() == out.counts.tolist()
+    assert list(out.round_counts.sum(1)) == list(out.round_budgets)
+    assert out.round_budgets[0] == first * m
+    assert (out.counts >= policy.min_rollouts).all() and (out.counts <= 24).all()
+    assert (out.round_counts[0] == first).all()
+    # Realized order: round by round, grouped by prompt within a round.
+    assert np.all(np.diff(out.round_index) >= 0)
+    for r in range(out.rounds):
+        rows = out.prompt_index[out.round_index == r]
+        assert np.all(np.diff(rows) >= 0)
+        assert np.bincount(rows, minlength=m).tolist() == out.round_counts[r].tolist()
+    assert ((out.factors >= -1e-12) & (out.factors <= 1 + 1e-12)).all()
+
+
+def test_a_prompt_with_a_success_gets_nothing_more_while_others_can_take_it():
+    p = np.array([0.5, 0.5, 0.5, 0.5])
+    policy = sera_opt.get_policy("sera-fair", max_rollouts=10)
+    session = policy.start_rounds(p, 16, rounds=2, first=2)
+    first = session.next_round()
+    assert first.tolist() == [2, 2, 2, 2]
+    session.record([1, 0, 0, 0, 0, 1, 0, 0])  # prompts 0 and 2 succeed
+    second = session.next_round()
+    assert second.tolist() == [0, 4, 0, 4]
+    session.record(np.zeros(8))
+    # all saturated: the next round's budget spills to the lowest totals
+    session = policy.start_rounds(p, 16, rounds=2, first=2)
+    session.next_round()
+    session.record(np.ones(8))
+    assert session.next_round().tolist() == [2, 2, 2, 2]
+
+
+def brute_round(p, room, budget, alpha):
+    """The alpha-fair optimum of the round's expected scales 1 - (1-p)^m by enumeration
+    (alpha = inf: lexicographic max-min)."""
+    best, best_key = None, None
+    for m in itertools.product(*(range(r + 1) for r in room)):
+        if sum(m) != budget:
+            continue
+        w = 1 - (1 - p) ** np.array(m)
+        if math.isinf(alpha):
+            key = tuple(sorted(w))
+        elif alpha == 1:
+            key = (np.sum(np.log(np.maximum(w, 1e-300))),)
+        else:
+            key = (np.sum(w ** (1 - alpha) / (1 - alpha)),)
+        if best_key is None or key > tuple(k + 1e-12 for k in best_key):
+            best, best_key = m, key
+    return best, best_key
+
+
+@pytest.mark.parametrize("alpha", [1.0, math.inf])
+@pytest.mark.parametrize("seed", range(6))
+def test_a_round_is_the_exact_optimum_of_the_expected_scales(seed, alpha):
+    rng = np.random.default_rng(seed)
+    m = 4
+    p = rng.uniform(0.05, 0.6, m)
+    policy = sera_opt.get_policy("sera-fair", alpha=alpha, max_rollouts=6)
+    session = policy.start_rounds(p, 4 + 7, rounds=2, first=1)
+    session.next_round()
+    session.record(np.zeros(4))
+    counts = session.next_round()
+    best, best_key = brute_round(p, [5] * m, 7, alpha)
+    w = 1 - (1 - p) ** counts
+    key = (tuple(sorted(w)) if math.isinf(alpha) else (np.sum(np.log(w)),))
+    assert np.allclose(key, best_key, rtol=1e-9), (counts, best)
+
+
+@pytest.mark.parametrize("offset", [0, 1])
+@pytest.mark.parametrize("p", [0.1, 0.35, 0.8])
+def test_a_single_prompt_session_reports_the_exact_scale_of_its_rule(p, offset):
+    # One prompt: the session is the per-prompt rule "n0, then each round's budget
+    # until the first success", and its factor is that rule's exact scale.
+    rng = np.random.default_rng(1)
+    policy = sera_opt.get_policy("uniform", offset=offset, max_rollouts=20)
+    budgets = [3, 2, 4]
+    kappa = rule_scale(p, _schedule_rule(2, budgets, 20),
+                       rounds=4, offset=offset).scale
+    for _ in range(10):
+        session = policy.start_rounds([p], 11, rounds=4, first=2, round_budgets=budgets)
+        out = run(session, np.array([p]), rng)
+        assert out.factors[0] == pytest.approx(kappa, abs=1e-12)
+
+
+def _schedule_rule(first, later, cap):
+    def rule(r, total, successes, k1):
+        if r == 0:
+            return first
+        return 0 if successes else min(later[r - 1], cap - total)
+    return rule
+
+
+def test_factors_of_prompts_that_never_succeed_are_those_of_their_counts():
+    rng = np.random.default_rng(2)
+    p = rng.uniform(0.0, 0.2, 30)
+    policy = sera_opt.get_policy("sera-fair", offset=0, max_rollouts=20)
+    out = run(policy.start_rounds(p, 240, rounds=3, first=2), p, rng)
+    never = np.bincount(out.prompt_index, weights=out.rewards, minlength=30) == 0
+    assert never.any()
+    np.testing.assert_allclose(out.factors[never], 1 - (1 - p[never]) ** out.counts[never])
+    # A prompt that succeeded would have drawn at least its realized count on the path
+    # where it never does.
+    np.testing.assert_array_less(1 - (1 - p[~never]) ** out.counts[~never] - 1e-12,
+                                 out.factors[~never])
+
+
+def test_the_planner_session_updates_the_tracker_once_with_every_round():
+    rng = np.random.default_rng(3)
+    ids = [f"q{i}" for i in range(20)]
+    p = rng.uniform(0.1, 0.9, 20)
+    planner = sera_opt.RolloutPlanner(max_rollouts=24)
+    session = planner.start_rounds(ids, 160, rounds=3)
+    rounds_seen = []
+    while not session.done:
+        counts = session.next_round()
+        rounds_seen.append(planner.tracker.step)
+        session.record(rng.random(int(counts.sum())) < np.repeat(p, counts))
+    out = session.result()
+    assert rounds_seen == [0, 0, 0] and planner.tracker.step == 1
+    s, f = planner.tracker.evidence(ids)
+    wins = np.bincount(out.prompt_index, weights=out.rewards, minlength=20)
+    np.testing.assert_allclose(s, wins)
+    np.testing.assert_allclose(s + f, out.counts)
+    assert list(out.prompt_ids) == ids
+
+
+def test_the_planner_rounds_use_the_posterior_updated_within_the_step():
+    planner = sera_opt.RolloutPlanner("sera-fair", offset=0, max_rollouts=12)
+    ids = [0, 1, 2]
+    session = planner.start_rounds(ids, 3 * 2 + 6, rounds=2, first=2)
+    session.next_round()
+    # prompt 0 fails twice, prompts 1 and 2 succeed: the rest goes to prompt 0
+    session.record([0, 0, 1, 0, 0, 1])
+    assert session.next_round().tolist() == [6, 0, 0]
+
+
+def test_stop_ends_early_and_says_so():
+    planner = sera_opt.RolloutPlanner()
+    session = planner.start_rounds(range(5), 40, rounds=4)
+    counts = session.next_round()
+    session.record(np.ones(int(counts.sum())))
+    session.stop()
+    out = session.result()
+    assert session.done and out.stopped_early and out.counts.sum() == counts.sum() < 40
+    assert planner.tracker.step == 1
+
+
+def test_session_misuse_has_clear_errors():
+    policy = sera_opt.get_policy("uniform")
+    session = policy.start_rounds([0.5, 0.5], 8, rounds=2, first=2)
+    with pytest.raises(sera_opt.SeraOptError, match="next_round"):
+        session.record([1, 0])
+    with pytest.raises(sera_opt.SeraOptError, match="round"):
+        session.result()
+    counts = session.next_round()
+    with pytest.raises(sera_opt.SeraOptError, match="record"):
+        session.next_round()
+    with pytest.raises(sera_opt.SeraOptError, match="4 in all"):
+        session.record([1, 0])
+    with pytest.raises(sera_opt.SeraOptError, match="binary"):
+        session.record([1, 0, 0.5, 0])
+    session.record(np.zeros(int(counts.sum())))
+    session.record(np.zeros(int(session.next_round().sum())))
+    with pytest.raises(sera_opt.SeraOptError, match="done"):
+        session.next_round()
+    with pytest.raises(sera_opt.SeraOptError, match="first round needs"):
+        policy.start_rounds([0.5, 0.5], 3, rounds=2, first=2)
+    with pytest.raises(sera_opt.SeraOptError, match="max_rollouts"):
+        sera_opt.get_policy("uniform", max_rollouts=3).start_rounds([0.5, 0.5], 6, rounds=2,
+                                                                     first=4)
+    with pytest.raises(sera_opt.SeraOptError, match="round_budgets"):
+        policy.start_rounds([0.5, 0.5], 8, rounds=3, first=2, round_budgets=[1, 2])
+    with pytest.raises(sera_opt.SeraOptError, match="rounds"):
+        policy.start_rounds([0.5, 0.5], 8, rounds=0)
+
+
+def test_round_budgets_split_evenly_earliest_first():
+    assert round_budgets(20, 6, 4) == [6, 5, 5, 4]
+    assert round_budgets(20, 6, 1) == [20]
+    assert round_budgets(20, 6, 3, [10, 4]) == [6, 10, 4]
+
+
+def test_the_default_first_round_is_half_the_average_count():
+    session = sera_opt.get_policy("uniform").start_rounds(np.full(10, 0.5), 80, rounds=3)
+    assert session.next_round().tolist() == [4] * 10
+    assert session.round_budgets == (40, 20, 20)
+    assert isinstance(session, RoundSession)
