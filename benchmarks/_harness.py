@@ -248,6 +248,9 @@ class ArmSpecError(SeraOptError):
 
 #: Options an experiment sets for every arm alike; an arm cannot override them.
 RESERVED_OPTIONS = frozenset({"min_rollouts", "max_rollouts", "offset"})
+#: Options every arm takes beside its policy's: the step in rounds
+#: (:meth:`sera_opt.RolloutPlanner.start_rounds`).
+ROUND_OPTIONS = frozenset({"rounds", "first"})
 
 
 @dataclass(frozen=True)
@@ -268,10 +271,18 @@ class ArmSpec:
     label: str
     policy: str
     options: tuple[tuple[str, Any], ...] = ()
+    #: Rounds per step (``:rounds=R``; 1 is a static plan) and the first round's
+    #: rollouts per prompt (``:first=n0``; None: the session's default).
+    rounds: int = 1
+    first: int | None = None
 
     @property
     def kwargs(self) -> dict[str, Any]:
         return dict(self.options)
+
+    def start_rounds(self, planner, prompt_ids, budget: int):
+        """``planner.start_rounds`` with this arm's rounds and first-round size."""
+        return planner.start_rounds(prompt_ids, budget, rounds=self.rounds, first=self.first)
 
     def build(self, *, min_rollouts, max_rollouts, offset: int):
         """``sera_opt.get_policy(policy, **options)`` with the experiment's bounds and offset.
@@ -369,6 +380,7 @@ def parse_arm(text: str, *, available: Iterable[str] | None = None) -> ArmSpec:
         raise ArmSpecError(
             f"arm {label!r}: unknown policy {name!r}; registered policies: {', '.join(known)}.")
     options: dict[str, Any] = {}
+    rounds: dict[str, int] = {}
     for item in items:
         key, sep, value = item.partition("=")
         key, value = key.strip(), value.strip()
@@ -376,14 +388,32 @@ def parse_arm(text: str, *, available: Iterable[str] | None = None) -> ArmSpec:
             raise ArmSpecError(
                 f"arm {label!r}: {item!r} is not of the form key=value "
                 f"(write e.g. 'sera:max_ratio=2' or 'vip:gamma=0.001').")
-        if key in options:
+        if key in options or key in rounds:
             raise ArmSpecError(f"arm {label!r}: option {key!r} is given twice.")
+        if key in ROUND_OPTIONS:
+            rounds[key] = _round_option(key, value, label)
+            continue
         if key in RESERVED_OPTIONS:
             raise ArmSpecError(
                 f"arm {label!r}: {key} is set by the experiment for every arm alike "
                 f"({', '.join(sorted(RESERVED_OPTIONS))}); it cannot differ between arms.")
         options[key] = _parse_value(value, key, label)
-    return ArmSpec(label=label, policy=name, options=tuple(options.items()))
+    if "first" in rounds and rounds.get("rounds", 1) == 1:
+        raise ArmSpecError(
+            f"arm {label!r}: first sets the first round of a step in rounds; add rounds=R "
+            f"(R >= 2) or drop first.")
+    return ArmSpec(label=label, policy=name, options=tuple(options.items()),
+                   rounds=rounds.get("rounds", 1), first=rounds.get("first"))
+
+
+def _round_option(key: str, value: str, label: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = None
+    if number is None or number < 1 or str(number) != value:
+        raise ArmSpecError(f"arm {label!r}: {key} must be a whole number >= 1, got {value!r}.")
+    return number
 
 
 def parse_arms(arms: str | Sequence[str | ArmSpec]) -> tuple[ArmSpec, ...]:
@@ -398,8 +428,9 @@ def parse_arms(arms: str | Sequence[str | ArmSpec]) -> tuple[ArmSpec, ...]:
     seen: dict[Any, str] = {}
     for spec in specs:
         # Options in any order, 1 and 1.0 alike: the same policy is the same arm.
-        same = (spec.policy, tuple(sorted((k, repr(float(v)) if isinstance(v, (int, float))
-                                            else repr(v)) for k, v in spec.options)))
+        same = (spec.policy, spec.rounds, spec.first,
+                tuple(sorted((k, repr(float(v)) if isinstance(v, (int, float))
+                              else repr(v)) for k, v in spec.options)))
         for key in (spec.label, same):
             if key in seen:
                 raise ArmSpecError(
@@ -427,6 +458,9 @@ def check_arms(arms, *, min_rollouts, max_rollouts, offset: int, num_prompts: in
             with warnings.catch_warnings():
                 warnings.simplefilter("error", SeraOptWarning)
                 policy.allocate(success_probs, budget)
+                if spec.rounds > 1:
+                    policy.start_rounds(success_probs, budget, rounds=spec.rounds,
+                                        first=spec.first)
         except (SeraOptError, SeraOptWarning, TypeError) as exc:
             raise ArmSpecError(f"arm {spec.label!r}: {_one_line(exc)}") from None
     return specs

@@ -51,6 +51,8 @@ __all__ = [
     "StepOutput",
     "check_planner_offset",
     "maxrl_loss",
+    "maxrl_round_step",
+    "RoundStepOutput",
     "maxrl_step",
     "observe",
     "plan_rollouts",
@@ -282,6 +284,7 @@ def maxrl_loss(
     multiplicity_correction: bool = True,
     success_threshold: float | None = None,
     process_group: Any = None,
+    round_index: Any = None,
 ) -> MaxRLLoss:
     """The MaxRL policy-gradient loss of one batch of rollouts.
 
@@ -321,6 +324,10 @@ def maxrl_loss(
         Data parallelism: passed to :func:`sera_opt.maxrl_advantages` (global counts
         per prompt) and :func:`sera_opt.policy_gradient_loss` (global normaliser, for
         gradients averaged over the group).
+    round_index : array-like of int, shape (B,), optional
+        The round of each rollout when the step was sampled in rounds
+        (:func:`maxrl_round_step`); passed to :func:`sera_opt.maxrl_advantages`, whose
+        mean-centred estimator then uses the first round's baseline.
 
     Returns
     -------
@@ -359,7 +366,7 @@ def maxrl_loss(
     num_rows = per_row_logps.shape[0]
     reward_tensor = _rewards_tensor(rewards, num_rows, log_probs.device)
     index = torch.as_tensor(
-        np.asarray(prompt_index) if not isinstance(prompt_index, torch.Tensor) else prompt_index
+        np.array(prompt_index) if not isinstance(prompt_index, torch.Tensor) else prompt_index
     )
     if index.is_floating_point() or index.is_complex() or index.dtype == torch.bool:
         raise SeraOptError(
@@ -378,6 +385,9 @@ def maxrl_loss(
         success_threshold=success_threshold,
         process_group=process_group,
         dtype=per_row_logps.dtype if per_row_logps.is_floating_point() else None,
+        round_index=None if round_index is None else torch.as_tensor(
+            np.array(round_index) if not isinstance(round_index, torch.Tensor) else round_index,
+            device=log_probs.device),
     )
     advantages = advantages.detach().to(device=log_probs.device, dtype=per_row_logps.dtype)
     # policy_gradient_loss is aggregate_loss(-A[:, None] * log_probs, mask, mode).
@@ -504,3 +514,146 @@ def maxrl_step(
         plan=plan,
         diagnostics={key: float(value) for key, value in dict(diagnostics).items()},
     )
+
+
+@dataclass(frozen=True)
+class RoundStepOutput:
+    """Result of :func:`maxrl_round_step`.
+
+    Attributes
+    ----------
+    loss : torch.Tensor
+        Scalar loss to back-propagate.
+    advantages : torch.Tensor, shape (B,)
+        Per-rollout advantages (first-round baseline under ``"mean_centred"``).
+    rewards : torch.Tensor, shape (B,)
+        The outcomes, in row order (round by round, grouped by prompt within a round).
+    prompt_index : numpy.ndarray of int64, shape (B,)
+        The position of each row's prompt in ``prompt_ids``.
+    round_index : numpy.ndarray of int64, shape (B,)
+        The round of each row.
+    result : sera_opt.RoundResult
+        The session's record: realized counts, round budgets, the fraction of prompts
+        active after each round, and each prompt's expected scale (``factors``).
+    """
+
+    loss: torch.Tensor
+    advantages: torch.Tensor
+    rewards: torch.Tensor
+    prompt_index: np.ndarray
+    round_index: np.ndarray
+    result: Any = field(repr=False)
+
+    @property
+    def counts(self) -> np.ndarray:
+        """Each prompt's realized number of rollouts."""
+        return self.result.counts
+
+    def diagnostics(self) -> dict[str, float]:
+        """The step's round diagnostics: rounds used, the budget of each round, the
+        fraction of prompts active after each, and the mean and smallest expected
+        scale."""
+        out = {"rounds": float(self.result.rounds),
+               "mean_scale": float(np.mean(self.result.factors)),
+               "min_scale": float(np.min(self.result.factors))}
+        for r, (b, a) in enumerate(zip(self.result.round_budgets, self.result.active_fraction)):
+            out[f"round_{r}_budget"] = float(b)
+            out[f"round_{r}_active"] = float(a)
+        return out
+
+
+def _pad_cat(parts: list[torch.Tensor]) -> torch.Tensor:
+    """Concatenate (B_r,) or (B_r, T_r) tensors along rows, zero-padding the columns."""
+    if parts[0].dim() == 1:
+        return torch.cat(parts)
+    width = max(p.shape[1] for p in parts)
+    return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts])
+
+
+def maxrl_round_step(
+    planner: Any,
+    prompt_ids: Sequence[Any],
+    budget: int,
+    rollout_fn: Callable[[RolloutPlan], Any],
+    *,
+    rounds: int,
+    first: int | None = None,
+    round_budgets: Sequence[int] | None = None,
+    mode: str | None = None,
+    estimator: str = "mean_centred",
+    multiplicity_correction: bool = True,
+    success_threshold: float | None = None,
+) -> RoundStepOutput:
+    """One MaxRL step sampled in ``rounds`` rounds at the fixed ``budget``
+    (:meth:`sera_opt.RolloutPlanner.start_rounds`, THEORY.md section 9).
+
+    ``rollout_fn(plan)`` is called once per round (one generation call each) with that
+    round's :class:`RolloutPlan` (a prompt may have 0 rows in it), and returns what it
+    returns for :func:`maxrl_step`. The rewards of each round feed the session before
+    the next is planned; the planner's tracker receives all of them when the step
+    ends (do not :func:`observe` them again). Token log-probabilities of rounds with
+    different lengths are zero-padded (and masked) to one width.
+
+    Parameters
+    ----------
+    planner : sera_opt.RolloutPlanner
+    prompt_ids : sequence, length M
+        Distinct ids of the batch's prompts.
+    budget : int
+        Total rollouts of the step, over all rounds.
+    rollout_fn : callable
+        As in :func:`maxrl_step`, called once per round.
+    rounds, first, round_budgets
+        As in :meth:`sera_opt.RolloutPlanner.start_rounds`.
+    mode, estimator, multiplicity_correction, success_threshold
+        As in :func:`maxrl_loss`.
+
+    Returns
+    -------
+    RoundStepOutput
+    """
+    check_planner_offset(planner, estimator, stacklevel=3)
+    ids = _as_prompt_id_array(prompt_ids)
+    session = planner.start_rounds(ids, budget, rounds=rounds, first=first,
+                                   round_budgets=round_budgets)
+    positions = np.arange(ids.shape[0], dtype=np.int64)
+    log_parts: list[torch.Tensor] = []
+    mask_parts: list[torch.Tensor] = []
+    reward_parts: list[np.ndarray] = []
+    while not session.done:
+        counts = session.next_round()
+        if not counts.any():
+            session.record(np.zeros(0))
+            continue
+        plan = RolloutPlan(prompt_ids=ids, counts=counts,
+                           prompt_index=np.repeat(positions, counts))
+        log_probs, rewards, mask = _unpack_rollouts(rollout_fn(plan))
+        if not isinstance(log_probs, torch.Tensor) or log_probs.dim() not in (1, 2):
+            raise SeraOptError(
+                "the rollout function must return log_probs as a torch.Tensor of shape (B,) or "
+                "(B, T) for each round."
+            )
+        outcomes = _common.binary_outcomes(_rewards_tensor(rewards, plan.budget, None),
+                                           success_threshold)
+        session.record(outcomes)
+        log_parts.append(log_probs)
+        if log_probs.dim() == 2:
+            mask_parts.append(torch.ones_like(log_probs) if mask is None
+                              else torch.as_tensor(mask, device=log_probs.device))
+        reward_parts.append(outcomes)
+    result = session.result()
+    if not log_parts:
+        raise SeraOptError("the step drew no rollouts (a zero budget?); nothing to train on.")
+    dims = {p.dim() for p in log_parts}
+    if len(dims) > 1:
+        raise SeraOptError("the rollout function returned sequence log-probabilities in some "
+                           "rounds and token log-probabilities in others; return one kind.")
+    log_probs = _pad_cat(log_parts)
+    mask = _pad_cat(mask_parts) if mask_parts else None
+    rewards = torch.as_tensor(np.concatenate(reward_parts), device=log_probs.device)
+    loss = maxrl_loss(log_probs, rewards, result.prompt_index, mask=mask, mode=mode,
+                      estimator=estimator, multiplicity_correction=multiplicity_correction,
+                      round_index=result.round_index)
+    return RoundStepOutput(loss=loss.loss, advantages=loss.advantages, rewards=rewards,
+                           prompt_index=result.prompt_index, round_index=result.round_index,
+                           result=result)

@@ -270,6 +270,25 @@ def _device_generator(device: str, seed: int):
     return gen
 
 
+def _sample_in_rounds(session, prompt_ids, sample):
+    """Draw every round of ``session`` with ``sample(rollout_ids) -> (prompts, completions,
+    rewards)``; returns the rounds' rows concatenated in order and the session's result."""
+    torch = _torch()
+    parts = []
+    positions = np.arange(len(prompt_ids))
+    while not session.done:
+        counts = session.next_round()
+        if not counts.any():
+            session.record(np.zeros(0))
+            continue
+        prompts, completions, rewards = sample(prompt_ids[np.repeat(positions, counts)])
+        session.record(rewards)
+        parts.append((prompts, completions, np.asarray(rewards)))
+    result = session.result()
+    return (torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]),
+            np.concatenate([p[2] for p in parts]), result)
+
+
 def _diagnostics_row(diag: dict) -> dict[str, float]:
     return {str(k): float(v) for k, v in diag.items()
             if isinstance(v, (int, float, np.floating, np.integer))}
@@ -285,7 +304,8 @@ def train_maxrl(model, tokenizer, cfg: ExperimentConfig, train, test, policy: st
 
     torch = _torch()
     tracker = sera_opt.SuccessTracker(decay=cfg.tracker_decay, num_prompts=cfg.num_train)
-    allocation = _harness.parse_arm(policy).build(
+    spec = _harness.parse_arm(policy)
+    allocation = spec.build(
         min_rollouts=cfg.min_rollouts, max_rollouts=cfg.max_rollouts, offset=cfg.offset)
     planner = sera_opt.RolloutPlanner(allocation, tracker=tracker)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.rl_lr)
@@ -321,18 +341,34 @@ def train_maxrl(model, tokenizer, cfg: ExperimentConfig, train, test, policy: st
 
         # the estimates the plan is made from, before this step's outcomes are observed
         planned_probs = np.asarray(tracker.estimate(prompt_ids.tolist()), dtype=np.float64)
-        plan = torch_loop.plan_rollouts(planner, prompt_ids, cfg.budget)
-        counts, prompt_index = plan.counts, plan.prompt_index
-        rollout_ids = plan.row_prompt_ids
-        prompts, completions, rewards = sample_and_verify(
-            model, tokenizer, train, rollout_ids, rollout_gen, cfg, device)
-        torch_loop.observe(planner, plan, rewards)
+        round_index = None
+        if spec.rounds > 1:
+            # One generation call per round; the session feeds the tracker at the end.
+            prompts, completions, rewards, result = _sample_in_rounds(
+                spec.start_rounds(planner, prompt_ids, cfg.budget), prompt_ids,
+                lambda rows: sample_and_verify(model, tokenizer, train, rows, rollout_gen,
+                                               cfg, device))
+            counts, prompt_index = result.counts, result.prompt_index
+            round_index = torch.as_tensor(np.array(result.round_index), device=device)
+            min_factor = float(result.factors.min())
+            curves.setdefault("rounds", []).append(
+                {"rounds": result.rounds, "round_budgets": list(result.round_budgets),
+                 "active_fraction": result.active_fraction.tolist(),
+                 "mean_scale": float(result.factors.mean()), "min_scale": min_factor})
+        else:
+            plan = torch_loop.plan_rollouts(planner, prompt_ids, cfg.budget)
+            counts, prompt_index = plan.counts, plan.prompt_index
+            rollout_ids = plan.row_prompt_ids
+            prompts, completions, rewards = sample_and_verify(
+                model, tokenizer, train, rollout_ids, rollout_gen, cfg, device)
+            torch_loop.observe(planner, plan, rewards)
+            min_factor = float(plan.allocation.min_factor)
 
         rewards_t = torch.as_tensor(rewards, dtype=torch.float32, device=device)
-        index_t = torch.as_tensor(prompt_index, dtype=torch.long, device=device)
+        index_t = torch.as_tensor(np.array(prompt_index), dtype=torch.long, device=device)
         advantages = sera_opt.maxrl_advantages(
             rewards_t, index_t, estimator=cfg.estimator,
-            multiplicity_correction=cfg.multiplicity_correction,
+            multiplicity_correction=cfg.multiplicity_correction, round_index=round_index,
         )
         # the batch's own view (posterior mean from this step's rollouts) and the view of the
         # estimates the allocation was planned with
@@ -342,7 +378,7 @@ def train_maxrl(model, tokenizer, cfg: ExperimentConfig, train, test, policy: st
         diag_planned = sera_opt.advantage_diagnostics(
             rewards_t, index_t, estimator=cfg.estimator,
             multiplicity_correction=cfg.multiplicity_correction,
-            success_probs=torch.as_tensor(np.repeat(planned_probs, counts), device=device))
+            success_probs=torch.as_tensor(planned_probs[prompt_index], device=device))
 
         mask = answer_mask(completions, tokenizer.end_id)
         per_token_loss = torch.zeros(completions.shape, dtype=torch.float32, device=device)
@@ -362,7 +398,7 @@ def train_maxrl(model, tokenizer, cfg: ExperimentConfig, train, test, policy: st
 
         curves["step"].append(step)
         curves["mean_reward"].append(float(rewards.mean()))
-        curves["planned_min_factor"].append(float(plan.allocation.min_factor))
+        curves["planned_min_factor"].append(min_factor)
         curves["max_count"].append(int(counts.max()))
         curves["loss"].append(float(loss.detach()))
         curves["diagnostics"].append(_diagnostics_row(diag))

@@ -288,13 +288,16 @@ def _planner(arm: str, config: MazeConfig):
 
 def train_arm(policy, planner, train: MazeBatch, test: MazeBatch, config: MazeConfig,
               rng: np.random.Generator, generator, eval_generator, *,
-              show_progress: bool = False) -> dict:
+              show_progress: bool = False, spec=None) -> dict:
     """MaxRL training of ``policy`` with counts from ``planner``; returns the training curves.
 
     One step is :func:`sera_opt.integrations.torch_loop.maxrl_step`: plan the
     counts, walk the rollouts (each move's log-probability is one "token"), form
     the multiplicity-corrected MaxRL loss, and let the planner observe the
-    successes.
+    successes. An arm in rounds (``spec.rounds > 1``) takes
+    :func:`~sera_opt.integrations.torch_loop.maxrl_round_step` instead: one walk per
+    round, the first-round baseline, and the session's expected scales as the planned
+    diagnostics.
     """
     import torch
 
@@ -319,15 +322,23 @@ def train_arm(policy, planner, train: MazeBatch, test: MazeBatch, config: MazeCo
         ids = rng.choice(train.num_mazes, size=config.mazes_per_step, replace=False)
         # The estimates the planner allocates from, read before the step observes.
         estimates = np.asarray(planner.tracker.estimate(ids.tolist()), dtype=np.float64)
-        out = torch_loop.maxrl_step(planner, ids, config.budget, walk, mode=config.loss_mode,
-                                    estimator=config.estimator,
-                                    multiplicity_correction=config.multiplicity_correction)
+        if spec is not None and spec.rounds > 1:
+            out = torch_loop.maxrl_round_step(
+                planner, ids, config.budget, walk, rounds=spec.rounds, first=spec.first,
+                mode=config.loss_mode, estimator=config.estimator,
+                multiplicity_correction=config.multiplicity_correction)
+            prompt_index = out.prompt_index
+        else:
+            out = torch_loop.maxrl_step(planner, ids, config.budget, walk, mode=config.loss_mode,
+                                        estimator=config.estimator,
+                                        multiplicity_correction=config.multiplicity_correction)
+            prompt_index = out.plan.prompt_index
         optimizer.zero_grad()
         out.loss.backward()
         optimizer.step()
         rewards = out.rewards.cpu().numpy()
-        counts = out.plan.counts
-        per_maze = np.bincount(out.plan.prompt_index, weights=rewards,
+        counts = out.counts if spec is not None and spec.rounds > 1 else out.plan.counts
+        per_maze = np.bincount(prompt_index, weights=rewards,
                                minlength=len(counts)) / counts
         curves["success_rate"].append(float(rewards.mean()))
         curves["maze_success_rate"].append(float(per_maze.mean()))
@@ -335,15 +346,20 @@ def train_arm(policy, planner, train: MazeBatch, test: MazeBatch, config: MazeCo
         curves["counts_std"].append(float(counts.std()))
         curves["counts_at_min_fraction"].append(float(np.mean(counts == config.min_rollouts)))
         curves["loss"].append(float(out.loss.detach()))
-        curves["diagnostics"].append(out.diagnostics)
+        index_t = torch.as_tensor(np.array(prompt_index), device=out.rewards.device)
+        if spec is not None and spec.rounds > 1:
+            curves["diagnostics"].append({k: float(v) for k, v in sera_opt.advantage_diagnostics(
+                out.rewards, index_t, estimator=config.estimator,
+                multiplicity_correction=config.multiplicity_correction).items()})
+            curves.setdefault("rounds", []).append(out.diagnostics())
+        else:
+            curves["diagnostics"].append(out.diagnostics)
         # Effective weights judged by the planner's own estimates rather than by
         # the batch's outcomes: what the allocation set out to equalize.
         planned = sera_opt.advantage_diagnostics(
-            out.rewards, out.plan.prompt_index_tensor(out.rewards.device),
-            estimator=config.estimator,
+            out.rewards, index_t, estimator=config.estimator,
             multiplicity_correction=config.multiplicity_correction,
-            success_probs=torch.as_tensor(estimates[out.plan.prompt_index],
-                                          device=out.rewards.device))
+            success_probs=torch.as_tensor(estimates[prompt_index], device=out.rewards.device))
         curves["planned_diagnostics"].append(
             {k: float(planned[k]) for k in ("min_factor", "mean_factor", "weight_spread",
                                             "alignment_proxy")})
@@ -369,7 +385,7 @@ def run_arm(config: MazeConfig, seed: int, arm: str, state_dict, show_progress: 
     eval_gen.manual_seed(seed + 20_000)
     planner = _planner(arm, config)
     curves = train_arm(policy, planner, train, test, config, rng, generator, eval_gen,
-                       show_progress=show_progress)
+                       show_progress=show_progress, spec=_harness.parse_arm(arm))
     eval_gen.manual_seed(seed + 30_000)
     test_successes = evaluate(policy, test, config, eval_gen, samples=config.eval_samples)
     return {

@@ -650,3 +650,24 @@ def test_compare_payloads_finds_every_changed_number_and_skips_timings():
     changed = json.loads(json.dumps(before))
     changed["summary"]["sera"].append(0.3)
     assert compare_payloads(before, changed)[0] == ["summary.sera: 2 entries before, 3 after"]
+
+
+def test_every_arm_takes_rounds_and_a_first_round():
+    spec = _harness.parse_arm("sera-fair:alpha=1:rounds=4:first=2")
+    assert (spec.policy, spec.kwargs, spec.rounds, spec.first) == ("sera-fair", {"alpha": 1}, 4, 2)
+    assert _harness.parse_arm("uniform").rounds == 1
+    assert _harness.parse_arm("uniform:rounds=3").first is None
+    # the same policy in rounds and static are two arms
+    assert len(_harness.parse_arms("uniform,uniform:rounds=4,uniform:rounds=4:first=2")) == 3
+    with pytest.raises(_harness.ArmSpecError, match="give each arm once"):
+        _harness.parse_arms("uniform:rounds=4,uniform:rounds=4")
+    for bad, match in [("uniform:rounds=0", "whole number >= 1"),
+                       ("uniform:rounds=1.5", "whole number >= 1"),
+                       ("uniform:rounds=4:rounds=2", "given twice"),
+                       ("uniform:first=2", "add rounds=R")]:
+        with pytest.raises(_harness.ArmSpecError, match=match):
+            _harness.parse_arm(bad)
+    # an arm whose first round does not fit the budget is refused before training
+    with pytest.raises(_harness.ArmSpecError, match="first round needs"):
+        _harness.check_arms("uniform:rounds=2:first=9", min_rollouts=2, max_rollouts=32,
+                            offset=1, num_prompts=4, budget=32)

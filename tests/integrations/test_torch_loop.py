@@ -384,3 +384,37 @@ def test_example_trains_the_tiny_policy():
     last = np.mean([r["batch_success_rate"] for r in history[-5:]])
     assert last > first + 0.2, (first, last)
     assert history[-1]["greedy_accuracy"] > history[0]["greedy_accuracy"]
+
+
+def test_maxrl_round_step_samples_each_round_once_at_the_fixed_budget():
+    from sera_opt.integrations.torch_loop import maxrl_round_step
+
+    rng = np.random.default_rng(0)
+    probs = rng.uniform(0.05, 0.9, 12)
+    logits = torch.zeros(12, requires_grad=True)
+    calls = []
+
+    def rollout(plan):
+        calls.append(plan.counts.copy())
+        rows = torch.as_tensor(plan.row_prompt_ids)
+        rewards = torch.as_tensor(rng.random(plan.budget) < probs[plan.row_prompt_ids])
+        width = 3 + len(calls)  # rounds of different widths are padded and masked
+        logps = torch.nn.functional.logsigmoid(logits[rows])[:, None].expand(-1, width)
+        return logps, rewards, torch.ones(plan.budget, width)
+
+    planner = sera_opt.RolloutPlanner(max_rollouts=24)
+    out = maxrl_round_step(planner, np.arange(12), 96, rollout, rounds=3)
+    assert len(calls) == 3 and sum(int(c.sum()) for c in calls) == 96
+    assert out.counts.sum() == 96 and out.result.rounds == 3
+    assert np.array_equal(out.round_index, np.repeat([0, 1, 2], [int(c.sum()) for c in calls]))
+    out.loss.backward()
+    assert torch.isfinite(out.loss) and torch.isfinite(logits.grad).all()
+    want = sera_opt.maxrl_advantages(out.rewards, out.prompt_index, dtype=torch.float32,
+                                     round_index=out.round_index)
+    torch.testing.assert_close(out.advantages, want)
+    assert planner.tracker.step == 1  # every round's outcomes, once, at the end
+    s, f = planner.tracker.evidence(np.arange(12))
+    np.testing.assert_array_equal(s + f, out.counts)
+    diag = out.diagnostics()
+    assert diag["rounds"] == 3 and 0 <= diag["min_scale"] <= diag["mean_scale"] <= 1
+    assert diag["round_0_budget"] == 48 and "round_2_active" in diag
