@@ -436,3 +436,104 @@ def test_the_default_first_round_is_half_the_average_count():
     assert session.next_round().tolist() == [4] * 10
     assert session.round_budgets == (40, 20, 20)
     assert isinstance(session, RoundSession)
+
+
+@pytest.mark.parametrize("offset", [0, 1])
+@pytest.mark.parametrize("name", ["uniform", "sera-fair", "sera"])
+def test_the_expected_scales_match_the_realized_ones_on_average(name, offset):
+    """Over many sessions, each prompt's mean factor agrees with the mean of its realized
+    scale C1 - p / (1 - p) C0 (an unbiased estimate of kappa from the rewards)."""
+    rng = np.random.default_rng(7)
+    p = np.array([0.05, 0.15, 0.3, 0.6, 0.02, 0.1])
+    policy = sera_opt.get_policy(name, offset=offset, max_rollouts=16)
+    factors, realized = [], []
+    for _ in range(1500):
+        out = run(policy.start_rounds(p, 30, rounds=4, first=1 + offset), p, rng)
+        wins = np.bincount(out.prompt_index, weights=out.rewards, minlength=6)
+        scale = (wins > 0).astype(float)
+        if offset:
+            first = out.round_index == 0
+            n0 = np.bincount(out.prompt_index[first], minlength=6)
+            k1 = np.bincount(out.prompt_index[first], weights=out.rewards[first], minlength=6)
+            gate = k1 > 0
+            scale = scale - np.where(gate, k1 / n0, 0) + p / (1 - p) * np.where(
+                gate, (n0 - k1) / n0, 0)
+        factors.append(out.factors)
+        realized.append(scale)
+    factors, realized = np.array(factors), np.array(realized)
+    se = realized.std(0) / math.sqrt(len(realized))
+    assert (np.abs(factors.mean(0) - realized.mean(0)) < 4 * se + 0.005).all()
+
+
+# ---------------------------------------------------------------- Reinforce-Ada
+def test_reinforce_ada_weighs_grad_p_symmetrically_in_p():
+    from sera_opt.rounds import ReinforceAda, reinforce_ada_scale
+
+    for exit_rule in ("balanced",):
+        rule = ReinforceAda(exit_rule)
+        for p in (0.1, 0.3, 0.45):
+            low, high = reinforce_ada_scale(p, rule), reinforce_ada_scale(1 - p, rule)
+            assert low.scale / p == pytest.approx(high.scale / (1 - p), rel=1e-9)
+            assert low.rollouts == pytest.approx(high.rollouts, rel=1e-9)
+    # its scale exceeds MaxRL's bound of 1 for easy prompts: not the MaxRL objective
+    assert reinforce_ada_scale(0.9).scale > 10
+
+
+@pytest.mark.parametrize("exit_rule", ["balanced", "positive"])
+def test_reinforce_ada_update_has_the_enumerated_scale_at_score_level(exit_rule):
+    from sera_opt.rounds import ReinforceAda, reinforce_ada_scale
+
+    rule = ReinforceAda(exit_rule)
+    pi, p, scores, grad = _softmax_prompt(3)
+    rng = np.random.default_rng(4)
+    episodes = 4000  # one prompt per episode: the rule is per prompt under its own budget
+    session = rule.start_rounds(num_prompts=episodes)
+    answers = []
+    while not session.done:
+        counts = session.next_round()
+        y = rng.choice(pi.shape[0], size=int(counts.sum()), p=pi)
+        answers.append(y)
+        session.record(y < 2)
+    y = np.concatenate(answers)
+    out = session.result()
+    kept, adv = session.advantages()
+    per = np.bincount(out.prompt_index, weights=kept, minlength=episodes)
+    assert per.max() <= 4 and out.counts.max() <= 32
+    g = np.zeros((episodes, scores.shape[1]))
+    np.add.at(g, out.prompt_index, adv[:, None] * scores[y])
+    unit = grad / np.linalg.norm(grad)
+    along = g @ unit
+    kappa = reinforce_ada_scale(p, rule).scale
+    assert abs(along.mean() - kappa * np.linalg.norm(grad)) < 3 * along.std() / math.sqrt(episodes)
+    assert out.counts.mean() == pytest.approx(reinforce_ada_scale(p, rule).rollouts, rel=0.05)
+
+
+def test_reinforce_ada_keeps_half_and_half_and_can_match_a_budget():
+    from sera_opt.rounds import ReinforceAda
+
+    rule = ReinforceAda("balanced")
+    session = rule.start_rounds([0.5, 0.5, 0.5])
+    first = session.next_round()
+    assert first.tolist() == [8, 8, 8]
+    # prompt 0: 2 wins 6 losses (exits); prompt 1: 8 losses; prompt 2: 1 win
+    session.record([1, 1, 0, 0, 0, 0, 0, 0] + [0] * 8 + [1] + [0] * 7)
+    assert session.next_round().tolist() == [0, 8, 8]
+    session.record([0] * 8 + [1] + [0] * 7)  # prompt 2 exits; prompt 1 runs out of rounds
+    while not session.done:
+        assert session.next_round().tolist() == [0, 8, 0]
+        session.record(np.zeros(8))
+    kept, adv = session.advantages()
+    out = session.result()
+    rows0 = out.prompt_index == 0
+    assert kept[rows0].tolist() == [True, True, True, True, False, False, False, False]
+    np.testing.assert_allclose(adv[rows0][:4], [0.75, 0.75, -0.25, -0.25])
+    assert out.counts.tolist() == [8, 32, 16] and kept[out.prompt_index == 1].sum() == 4
+    # matched budget: never more than the budget, shared evenly when short
+    capped = rule.start_rounds(num_prompts=3, budget=30)
+    assert capped.next_round().tolist() == [8, 8, 8]
+    capped.record(np.zeros(24))
+    assert capped.next_round().tolist() == [2, 2, 2]
+    capped.record(np.zeros(6))
+    assert capped.done and capped.result().counts.sum() == 30
+    with pytest.raises(sera_opt.SeraOptError, match="exit"):
+        ReinforceAda("greedy")

@@ -1,8 +1,10 @@
 """Allocation in rounds within a step: the session that spends one step's budget over
 several rounds, and the exact scale of a per-prompt round rule (THEORY.md section 9)."""
 
+from .reinforce_ada import ReinforceAda, ReinforceAdaSession, reinforce_ada_scale
 from .scales import BASELINES, RuleScale, balanced_rule, first_success_rule, fixed_rule, rule_scale
 from .session import RoundResult, RoundSession, round_budgets
 
 __all__ = ["RoundSession", "RoundResult", "round_budgets", "RuleScale", "rule_scale",
-           "fixed_rule", "first_success_rule", "balanced_rule", "BASELINES"]
+           "fixed_rule", "first_success_rule", "balanced_rule", "BASELINES", "ReinforceAda",
+           "ReinforceAdaSession", "reinforce_ada_scale"]

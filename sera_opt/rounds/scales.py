@@ -55,7 +55,7 @@ class RuleScale:
 
 
 def rule_scale(p: float, rule: Rule, *, rounds: int, offset: int = 0,
-               baseline: str = "first_round") -> RuleScale:
+               baseline: str = "first_round", coefficients=None) -> RuleScale:
     """The exact scale ``kappa`` of the MaxRL estimator under a per-prompt round rule.
 
     Parameters
@@ -76,6 +76,11 @@ def rule_scale(p: float, rule: Rule, *, rounds: int, offset: int = 0,
     baseline : {"first_round", "pooled"}
         Offset 1 only. ``"first_round"``: ``g = (1/K) sum_j r_j S_j - 1{K1 >= 1} (1/n0)
         sum_{j in round 0} S_j``; ``"pooled"``: ``g = (1/K) sum_j (r_j - K/T) S_j``.
+    coefficients : callable, optional
+        Another estimator: ``coefficients(total, successes, n0, k1) -> (C1, C0)``, its
+        summed coefficients on the successes and on the failures at the end of the
+        rounds (``offset`` and ``baseline`` are then ignored). Reinforce-Ada's update is
+        one (:func:`sera_opt.rounds.reinforce_ada_scale`).
 
     Returns
     -------
@@ -111,7 +116,12 @@ def rule_scale(p: float, rule: Rule, *, rounds: int, offset: int = 0,
         cost += prob * t
         if k:
             hit += prob
-        if offset == 0:
+        if coefficients is not None:
+            one, zero = coefficients(t, k, n0, k1)
+            c1 += prob * one
+            if t > k:
+                c0 += tilted * zero
+        elif offset == 0:
             c1 += prob * (1.0 if k else 0.0)
         elif baseline == "pooled":
             if k:

@@ -487,15 +487,22 @@ class RoundSession:
         round, merged alone into that round's solution: its steps that beat, one by
         one, the weakest steps the round took (spill steps first, as the weakest)."""
         room = self._hi[ghosts] - total
-        if objective is None:  # the round gave every active prompt all it could take
-            weakest = np.full(spill, -np.inf)
-        else:
-            steps = []
-            for s in range(int(taken.max()) if taken.size else 0):
-                rows = taken > s
-                steps.append(objective.gains(lo + s)[rows])
-            weakest = np.sort(np.concatenate([np.full(spill, -np.inf), *steps])
-                              if steps else np.full(spill, -np.inf))
+        need = int(room.max()) if room.size else 0
+        weakest = np.full(spill, -np.inf)
+        if objective is not None and spill < need:
+            # The weakest steps taken are rows' last ones (each row's gains fall with the
+            # count): walk back from the end until no row's earlier step can be among the
+            # ``need`` weakest.
+            steps = [weakest]
+            found = np.zeros(0)
+            for j in range(1, int(taken.max()) + 1 if taken.size else 1):
+                rows = taken >= j
+                gains = objective.gains(np.maximum(lo + taken - j, lo))[rows]
+                found = np.sort(np.concatenate([found, gains]))[:need - spill]
+                if found.size == need - spill and gains.min() >= found[-1]:
+                    break
+            steps.append(found)
+            weakest = np.concatenate(steps)
         ghost_obj, ghost_lo = self._round_objective(ghosts, total)
         out = np.zeros(ghosts.shape[0], dtype=np.int64)
         alive = room > 0
