@@ -103,3 +103,23 @@ def test_the_estimator_refuses_the_planner_defaults_of_the_other_estimator():
     wrong = "planner = sera_opt.RolloutPlanner(offset=0, min_rollouts=1, max_rollouts=32)"
     with pytest.raises(SeraOptError, match="planned with offset=0.*Plan with offset=1"):
         run(trainer_loop().replace(PLANNER_LINE, wrong), ToyTask())
+
+
+def rounds_loop() -> str:
+    section = README.read_text().split("## In rounds within a step", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    assert len(blocks) == 1, "the rounds section should hold one python block"
+    return blocks[0]
+
+
+def test_the_readme_rounds_loop_trains_at_the_fixed_budget():
+    code = rounds_loop()
+    assert "round_index=out.round_index" in code and "start_rounds" in code
+    task = ToyTask()
+    namespace = run("import torch\nimport sera_opt\n" + code, task)
+    planner, out = namespace["planner"], namespace["out"]
+    # three generation calls per step, every step's counts summing to its budget
+    assert len(task.calls) == 3 * len(task.batches)
+    assert out.counts.sum() == 8 * len(task.batches[-1]) and out.rounds == 3
+    assert torch.isfinite(namespace["loss"]) and torch.isfinite(task.logits.grad).all()
+    assert planner.tracker.step == len(task.batches)  # one update per step, no observe()
