@@ -11,7 +11,11 @@ Each step takes a batch of prompts, lets the planner decide how many of the
 ``sera_opt.integrations.torch_loop.maxrl_step``: advantages, loss, backward, and
 the rewards go back to the planner.
 
-Run: ``python examples/torch_loop_example.py [--steps 40] [--policy sera|uniform]``
+With ``--rounds R`` each step is sampled in R rounds at the same budget
+(``maxrl_round_step``): a first look at every prompt, then the rest where no answer
+has been right yet, one sampling call per round.
+
+Run: ``python examples/torch_loop_example.py [--steps 40] [--policy sera|uniform] [--rounds 3]``
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import torch
 from torch import nn
 
 import sera_opt
-from sera_opt.integrations.torch_loop import RolloutPlan, maxrl_step
+from sera_opt.integrations.torch_loop import RolloutPlan, maxrl_round_step, maxrl_step
 
 
 class DigitSumPolicy(nn.Module):
@@ -51,6 +55,7 @@ def train(
     seed: int = 0,
     learning_rate: float = 0.05,
     verbose: bool = True,
+    rounds: int = 1,
 ) -> list[dict]:
     """Train and return one record per step (success rate, counts, loss).
 
@@ -67,6 +72,8 @@ def train(
     policy : str, optional
         Allocation policy of the planner (a registered name); None: the library's
         default (``sera_opt.planner.DEFAULT_POLICY``).
+    rounds : int
+        Rounds per step (1: one plan before sampling).
     """
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
@@ -99,7 +106,13 @@ def train(
         start = (step * prompts_per_batch) % num_prompts
         batch = np.take(order, np.arange(start, start + prompts_per_batch), mode="wrap")
         budget = prompts_per_batch * rollouts_per_prompt
-        out = maxrl_step(planner, batch, budget, rollout)
+        if rounds > 1:
+            out = maxrl_round_step(planner, batch, budget, rollout, rounds=rounds)
+            counts, extra = out.counts, out.diagnostics()
+            extra = {"rounds": int(extra["rounds"]), "mean_scale": round(extra["mean_scale"], 4)}
+        else:
+            out = maxrl_step(planner, batch, budget, rollout)
+            counts, extra = out.plan.counts, {"min_factor": round(out.diagnostics["min_factor"], 4)}
         optimizer.zero_grad()
         out.loss.backward()
         optimizer.step()
@@ -107,11 +120,11 @@ def train(
             greedy_accuracy = (model(pairs).argmax(dim=1) == answers).float().mean().item()
         record = {
             "step": step + 1,
-            "counts": out.plan.counts.tolist(),
+            "counts": counts.tolist(),
             "batch_success_rate": round(float(out.rewards.mean()), 4),
             "greedy_accuracy": round(greedy_accuracy, 4),
             "loss": round(float(out.loss.detach()), 6),
-            "min_factor": round(out.diagnostics["min_factor"], 4),
+            **extra,
         }
         history.append(record)
         if verbose:
@@ -125,9 +138,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--policy", choices=sera_opt.available_policies(), default=None,
                         help="allocation policy (default: the library's default)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=1, help="rounds per step (default 1)")
     options = parser.parse_args(argv)
     torch.set_num_threads(1)
-    history = train(steps=options.steps, policy=options.policy, seed=options.seed)
+    history = train(steps=options.steps, policy=options.policy, seed=options.seed,
+                    rounds=options.rounds)
     print(
         f"greedy accuracy: {history[0]['greedy_accuracy']:.3f} -> {history[-1]['greedy_accuracy']:.3f}"
     )

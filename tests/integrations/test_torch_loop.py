@@ -386,6 +386,18 @@ def test_example_trains_the_tiny_policy():
     assert history[-1]["greedy_accuracy"] > history[0]["greedy_accuracy"]
 
 
+def test_example_trains_the_tiny_policy_in_rounds():
+    spec = importlib.util.spec_from_file_location("torch_loop_example", EXAMPLE)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    history = example.train(steps=30, verbose=False, rounds=3)
+    assert all(sum(record["counts"]) == 64 and record["rounds"] == 3 for record in history)
+    first = np.mean([r["batch_success_rate"] for r in history[:5]])
+    last = np.mean([r["batch_success_rate"] for r in history[-5:]])
+    assert last > first + 0.2, (first, last)
+    assert history[-1]["greedy_accuracy"] > history[0]["greedy_accuracy"]
+
+
 def test_maxrl_round_step_samples_each_round_once_at_the_fixed_budget():
     from sera_opt.integrations.torch_loop import maxrl_round_step
 
