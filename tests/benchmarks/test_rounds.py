@@ -32,3 +32,42 @@ def test_baselines_measure_the_exact_scales():
     for r in rows:
         assert abs(r["scale_mc"] - r["scale_exact"]) < 4 * r["scale_mc_se"] + 1e-9, r
         assert np.isfinite(r["noise_per_signal"]) and r["noise_per_signal"] >= 0
+
+
+def _maze_payload(shift_by_arm, seeds=6, seed=0):
+    """A maze-shaped result in which each arm's pass@k is the baseline's plus a shift
+    and a little per-seed noise."""
+    rng = np.random.default_rng(seed)
+    runs = []
+    for s in range(seeds):
+        base = np.linspace(0.3, 0.8, 64) + rng.normal(0, 0.01)
+        for arm, shift in shift_by_arm.items():
+            curves = {"rounds": [{"rounds": 2.0, "mean_scale": 0.9, "min_scale": 0.3,
+                                  "round_0_budget": 8.0, "round_0_active": 0.2,
+                                  "round_1_budget": 8.0, "round_1_active": 0.1}]} \
+                if "rounds" in arm else {}
+            runs.append({"arm": arm, "seed": s, "cpu_time": 1.0, "curves": curves,
+                         "pass_at_k": (base + shift + rng.normal(0, 0.002, 64)).tolist()})
+    return {"benchmark": "maze", "runs": runs}
+
+
+def test_the_rounds_rule_needs_every_configuration_and_a_significant_gain():
+    from sera_opt.benchmarks import rounds_decision as rd
+
+    good = {"sera-fair:alpha=1": 0.0, "sera-fair:alpha=1:rounds=4": 0.03,
+            "uniform:rounds=4": -0.05}
+    summaries = {name: rd.summarize(_maze_payload(good, seed=i))
+                 for i, name in enumerate(rd.CONFIGURATIONS)}
+    rule = rd.verdict(summaries)
+    assert rule["choice"] == "sera-fair:alpha=1:rounds=4"
+    assert rule["candidates"]["uniform:rounds=4"]["never_below"] is False
+    # one configuration missing: nobody wins
+    del summaries["arithmetic"]
+    assert rd.verdict(summaries)["choice"] is None
+    # level everywhere: not significantly above anywhere
+    level = {"sera-fair:alpha=1": 0.0, "sera-fair:alpha=1:rounds=4": 0.0,
+             "uniform:rounds=4": 0.0}
+    flat = {name: rd.summarize(_maze_payload(level, seed=i))
+            for i, name in enumerate(rd.CONFIGURATIONS)}
+    assert rd.verdict(flat)["choice"] is None
+    assert flat["maze default"]["rounds"]["uniform:rounds=4"]["active"] == pytest.approx([0.2, 0.1])
