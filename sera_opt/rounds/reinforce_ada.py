@@ -31,7 +31,7 @@ from ..exceptions import SeraOptError
 from ..problem import validate_count, validate_success_probs
 from ..separable.tiers import even_increments
 from .scales import RuleScale, rule_scale
-from .session import RoundResult, _binary, _read_only
+from .session import RoundResult, _binary, _read_only, rollout_layout
 
 __all__ = ["ReinforceAda", "ReinforceAdaSession", "reinforce_ada_scale", "EXITS"]
 
@@ -155,14 +155,7 @@ class ReinforceAdaSession:
         """The realized rollouts (``factors``: the rule's scale is not MaxRL's; NaN)."""
         if not self.done:
             raise SeraOptError("the session has rounds left; record them first.")
-        rc = np.stack(self._round_counts) if self._round_counts else np.zeros(
-            (0, self.num_prompts), dtype=np.int64)
-        ids = np.arange(self.num_prompts)
-        index = (np.concatenate([np.repeat(ids, c) for c in self._round_counts])
-                 if self._round_counts else np.zeros(0, dtype=np.int64))
-        rounds = (np.concatenate([np.full(int(c.sum()), i) for i, c in
-                                  enumerate(self._round_counts)])
-                  if self._round_counts else np.zeros(0, dtype=np.int64)).astype(np.int64)
+        rc, index, rounds = rollout_layout(self._round_counts, self.num_prompts)
         rewards = np.concatenate(self._rewards) if self._rewards else np.zeros(0)
         return RoundResult(
             counts=_read_only(self._total.copy()), prompt_index=_read_only(index),

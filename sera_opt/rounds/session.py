@@ -135,6 +135,19 @@ class RoundResult:
         return int(self.rewards.shape[0])
 
 
+def rollout_layout(round_counts: list[np.ndarray], m: int):
+    """``(round_counts (R, M), prompt_index, round_index)`` of rollouts recorded round by
+    round, grouped by prompt within a round."""
+    if not round_counts:
+        empty = np.zeros(0, dtype=np.int64)
+        return np.zeros((0, m), dtype=np.int64), empty, empty.copy()
+    ids = np.arange(m, dtype=np.int64)
+    prompt_index = np.concatenate([np.repeat(ids, c) for c in round_counts])
+    round_index = np.repeat(np.arange(len(round_counts), dtype=np.int64),
+                            [int(c.sum()) for c in round_counts])
+    return np.stack(round_counts), prompt_index, round_index
+
+
 def _read_only(a: np.ndarray) -> np.ndarray:
     a.setflags(write=False)
     return a
@@ -211,6 +224,7 @@ class RoundSession:
         self._successes = np.zeros(m, dtype=np.int64)
         self._first_successes = np.zeros(m, dtype=np.int64)
         self._round_counts: list[np.ndarray] = []
+        self._round_wins: list[np.ndarray] = []
         self._rewards: list[np.ndarray] = []
         self._replay: list[tuple | None] = []  # per later round, what the factors replay needs
         self._active_fraction: list[float] = []
@@ -271,8 +285,7 @@ class RoundSession:
             counts = self._allocate_round(self._budgets[r])
         self._pending = counts
         self._wall += time.perf_counter() - start
-        out = counts.copy()
-        return out
+        return counts.copy()
 
     def record(self, rewards) -> RoundSession:
         """Take the rewards of the round that :meth:`next_round` gave: one per rollout,
@@ -288,6 +301,7 @@ class RoundSession:
         self._total += counts
         self._successes += wins
         self._round_counts.append(counts)
+        self._round_wins.append(wins)
         self._rewards.append(r)
         self._pending = None
         self._active_fraction.append(float(self.active().mean()) if self.num_prompts else 0.0)
@@ -313,10 +327,7 @@ class RoundSession:
 
     def prompt_index(self) -> np.ndarray:
         """The prompt (0..M-1) of each recorded rollout, in order."""
-        if not self._round_counts:
-            return np.zeros(0, dtype=np.int64)
-        ids = np.arange(self.num_prompts)
-        return np.concatenate([np.repeat(ids, c) for c in self._round_counts])
+        return rollout_layout(self._round_counts, self.num_prompts)[1]
 
     def result(self) -> RoundResult:
         """The realized counts, the rollouts' prompts and rounds, the rewards and the
@@ -327,16 +338,12 @@ class RoundSession:
                 f"them, or call stop() to end it early."
             )
         if self._result is None:
-            rc = (np.stack(self._round_counts) if self._round_counts
-                  else np.zeros((0, self.num_prompts), dtype=np.int64))
-            rounds = np.concatenate([np.full(int(c.sum()), i, dtype=np.int64)
-                                     for i, c in enumerate(self._round_counts)]
-                                    ) if self._round_counts else np.zeros(0, dtype=np.int64)
+            rc, prompt_index, rounds = rollout_layout(self._round_counts, self.num_prompts)
             rewards = (np.concatenate(self._rewards) if self._rewards
                        else np.zeros(0, dtype=np.float64))
             self._result = RoundResult(
                 counts=_read_only(self._total.copy()),
-                prompt_index=_read_only(self.prompt_index()),
+                prompt_index=_read_only(prompt_index),
                 round_index=_read_only(rounds),
                 rewards=_read_only(rewards),
                 round_counts=_read_only(rc),
@@ -461,7 +468,7 @@ class RoundSession:
     def _fail_path_total(self) -> np.ndarray:
         """``F_i``: each prompt's rollouts on the path where it never succeeds."""
         rc = self._round_counts
-        wins = self._round_wins()
+        wins = self._round_wins
         fail = rc[0].copy()
         seen = wins[0] > 0  # a success before the round
         for r in range(1, len(rc)):
@@ -474,13 +481,6 @@ class RoundSession:
                                                    spill)
             seen = seen | (wins[r] > 0)
         return fail
-
-    def _round_wins(self):
-        out = []
-        for counts, r in zip(self._round_counts, self._rewards):
-            owner = np.repeat(np.arange(self.num_prompts), counts)
-            out.append(np.bincount(owner, weights=r, minlength=self.num_prompts))
-        return out
 
     def _ghost_counts(self, ghosts, total, objective, lo, taken, spill) -> np.ndarray:
         """What each of ``ghosts`` (no success in ``total`` draws) would have drawn in a
