@@ -173,7 +173,8 @@ class RolloutPlanner(LockedState):
         return policy, (tracker, prior), success_probs, allocate_options
 
     def start_rounds(self, prompt_ids, budget, *, rounds, first=None, round_budgets=None,
-                     min_rollouts=None, max_rollouts=None, **allocate_options: Any):
+                     min_rollouts=None, max_rollouts=None, observe=True,
+                     **allocate_options: Any):
         """Plan the step's ``budget`` in ``rounds`` rounds (THEORY.md section 9); returns a
         :class:`~sera_opt.rounds.RoundSession`.
 
@@ -182,6 +183,8 @@ class RolloutPlanner(LockedState):
         ends (its last :meth:`~sera_opt.rounds.RoundSession.record`, or
         :meth:`~sera_opt.rounds.RoundSession.stop`) the tracker receives every
         round's outcomes in one update: do not also :meth:`observe` them. With
+        ``observe=False`` it does not, and the caller observes the rollouts itself (a
+        data-parallel trainer observes every process's rollouts, not only its own). With
         ``rounds=1`` the counts are those of :meth:`plan`, bit for bit.
 
         ``first``, ``round_budgets``, ``min_rollouts`` and ``max_rollouts`` are those of
@@ -191,6 +194,8 @@ class RolloutPlanner(LockedState):
         from .problem import validate_count
 
         rounds = validate_count(rounds, "rounds", minimum=1)
+        if not isinstance(observe, bool):
+            raise SeraOptError(f"observe must be True or False; got {observe!r}.")
         policy, (tracker, prior), success_probs, options = self._inputs(
             prompt_ids, allocate_options, "start_rounds", posterior=True)
 
@@ -207,7 +212,7 @@ class RolloutPlanner(LockedState):
         others = {k: v for k, v in options.items() if k != "posterior"}
         return policy._round_session(a / (a + b), budget, rounds, first, round_budgets,
                                      min_rollouts, max_rollouts, None, prior, others, static,
-                                     prompt_ids=ids, on_finish=finish)
+                                     prompt_ids=ids, on_finish=finish if observe else None)
 
     def observe(self, prompt_ids, rewards) -> RolloutPlanner:
         """Record rollout outcomes (one entry per rollout); see :meth:`SuccessTracker.update`."""

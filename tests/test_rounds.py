@@ -375,6 +375,18 @@ def test_the_planner_session_updates_the_tracker_once_with_every_round():
     assert list(out.prompt_ids) == ids
 
 
+def test_the_planner_session_leaves_the_tracker_to_the_caller_when_asked():
+    planner = sera_opt.RolloutPlanner(max_rollouts=24)
+    session = planner.start_rounds(range(6), 36, rounds=3, observe=False)
+    while not session.done:
+        counts = session.next_round()
+        session.record(np.ones(int(counts.sum())))
+    assert session.result().counts.sum() == 36
+    assert planner.tracker.step == 0 and planner.tracker.evidence(range(6))[0].sum() == 0
+    with pytest.raises(sera_opt.SeraOptError, match="observe must be True or False"):
+        planner.start_rounds(range(6), 36, rounds=3, observe=1)
+
+
 def test_the_planner_rounds_use_the_posterior_updated_within_the_step():
     planner = sera_opt.RolloutPlanner("sera-fair", offset=0, max_rollouts=12)
     ids = [0, 1, 2]
