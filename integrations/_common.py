@@ -382,3 +382,40 @@ def check_version(
     raise SeraOptError(
         f"{message}, or set {ALLOW_UNTESTED_VERSIONS_ENV}=1 to run it anyway with a warning."
     )
+
+
+def check_rounds(rounds: Any, first: Any = None, *, option: str = "rounds",
+                 first_option: str = "first_round") -> tuple[int, int | None]:
+    """Validate a trainer's round switch: ``rounds`` a positive integer, ``first`` None
+    or a positive integer (the first round's rollouts per prompt)."""
+    if isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer)) or rounds < 1:
+        raise SeraOptError(
+            f"{option} must be a positive integer (1 generates each step in one call); got {rounds!r}."
+        )
+    if first is not None and (
+        isinstance(first, bool) or not isinstance(first, (int, np.integer)) or first < 1
+    ):
+        raise SeraOptError(
+            f"{first_option} must be None (half the mean count) or a positive integer; got {first!r}."
+        )
+    if first is not None and int(rounds) == 1:
+        raise SeraOptError(
+            f"{first_option} is the first of several rounds; set {option} >= 2, or drop {first_option}."
+        )
+    return int(rounds), None if first is None else int(first)
+
+
+def round_diagnostics(result: Any) -> dict[str, float]:
+    """A round session's per-step diagnostics (:class:`sera_opt.RoundResult`): the rounds
+    used, each round's budget, the fraction of prompts still active (no success yet)
+    after each round, and the mean and smallest expected scale of the prompts'
+    likelihood gradients (``factors``)."""
+    out = {
+        "rounds": float(result.rounds),
+        "mean_scale": float(np.mean(result.factors)),
+        "min_scale": float(np.min(result.factors)),
+    }
+    for r, (budget, active) in enumerate(zip(result.round_budgets, result.active_fraction)):
+        out[f"round_{r}_budget"] = float(budget)
+        out[f"round_{r}_active"] = float(active)
+    return out

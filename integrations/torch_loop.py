@@ -553,13 +553,7 @@ class RoundStepOutput:
         """The step's round diagnostics: rounds used, the budget of each round, the
         fraction of prompts active after each, and the mean and smallest expected
         scale."""
-        out = {"rounds": float(self.result.rounds),
-               "mean_scale": float(np.mean(self.result.factors)),
-               "min_scale": float(np.min(self.result.factors))}
-        for r, (b, a) in enumerate(zip(self.result.round_budgets, self.result.active_fraction)):
-            out[f"round_{r}_budget"] = float(b)
-            out[f"round_{r}_active"] = float(a)
-        return out
+        return _common.round_diagnostics(self.result)
 
 
 def _pad_cat(parts: list[torch.Tensor]) -> torch.Tensor:

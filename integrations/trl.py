@@ -11,6 +11,10 @@
   rollouts before dividing by a batch-wide count, see :data:`LOSS_TYPE_TO_MODE`);
 * logs :func:`sera_opt.advantage_diagnostics` and the allocation with the
   trainer's metrics (``sera/...``), and feeds the rewards back to the planner;
+* with ``rounds=R`` generates each step's completions in R calls of the backend
+  (THEORY.md section 9): a first look of ``first_round`` completions per prompt,
+  then the rest of the same fixed budget where the planner sends it, each round
+  scored by the trainer's reward functions before the next is planned;
 * saves the planner's state with every checkpoint and restores it on resume;
 * refuses, with :class:`sera_opt.SeraOptError`, configurations whose counts or
   advantages it could not honour (see :func:`check_grpo_config`).
@@ -43,7 +47,7 @@ from sera_opt.exceptions import MissingDependencyError, SeraOptError, SeraOptWar
 try:
     import torch
     import trl
-    from accelerate.utils import gather_object
+    from accelerate.utils import gather, gather_object
     from trl import GRPOConfig, GRPOTrainer
 except ImportError as _error:  # pragma: no cover - depends on the environment
     raise MissingDependencyError(
@@ -52,7 +56,12 @@ except ImportError as _error:  # pragma: no cover - depends on the environment
 
 import sera_opt
 from sera_opt.integrations import _common
-from sera_opt.integrations.torch_loop import RolloutPlan, check_planner_offset, plan_rollouts
+from sera_opt.integrations.torch_loop import (
+    RolloutPlan,
+    _as_prompt_id_array,
+    check_planner_offset,
+    plan_rollouts,
+)
 
 __all__ = [
     "LOSS_TYPE_TO_MODE",
@@ -211,6 +220,30 @@ def check_grpo_config(
         )
 
 
+def _concatenate_generations(outputs: list[tuple]) -> tuple:
+    """One ``GRPOTrainer._generate`` output from the rounds' outputs, rows in order.
+
+    Without tools or a custom rollout (both refused with rounds) the tool mask and
+    images are None, the extra fields empty and the tool images lists.
+    """
+    fields = list(zip(*outputs, strict=True))
+    merged = []
+    for values in fields:
+        if all(value is None for value in values):
+            merged.append(None)
+        elif all(isinstance(value, dict) for value in values):
+            if any(values):  # pragma: no cover - only a rollout_func sets extra fields
+                raise SeraOptError("extra generation fields cannot be merged across rounds.")
+            merged.append({})
+        elif all(isinstance(value, list) for value in values):
+            merged.append([item for value in values for item in value])
+        else:
+            raise SeraOptError(  # pragma: no cover - e.g. logprobs in some rounds only
+                "the generation backend returned a field in some rounds and not in others."
+            )
+    return tuple(merged)
+
+
 class SeraGRPOTrainer(GRPOTrainer):
     """``trl.GRPOTrainer`` with planned rollout counts and MaxRL advantages.
 
@@ -237,6 +270,22 @@ class SeraGRPOTrainer(GRPOTrainer):
         (:func:`stable_prompt_id`).
     history_size : int
         Number of generation batches kept in :attr:`sera_history`.
+    rounds : int
+        Generation calls per step (default 1: the whole plan in one call). With
+        ``rounds=R >= 2`` each process runs a :class:`sera_opt.RoundSession` over its
+        prompts: round 1 gives every prompt ``first_round`` completions, the later
+        rounds split the rest of the process's share of the generation batch and go
+        where the planner sends them, each scored before the next is planned. The
+        total per step stays ``generation_batch_size``; the advantages use the
+        first-round baseline (``round_index``). Every process runs the same rounds
+        with the same number of rows, so the backend's collective calls line up.
+        Costs one generation call (and one reward call) per round. Not available
+        with ``tools`` or ``environment_factory`` (their per-row state is set up for
+        one generation call) or with image prompts.
+    first_round : int, optional
+        Completions per prompt in the first round (default: half of
+        ``num_generations``); a prompt gets at least its ``min_rollouts`` in it
+        (:meth:`sera_opt.RolloutPlanner.start_rounds`).
 
     Attributes
     ----------
@@ -247,7 +296,8 @@ class SeraGRPOTrainer(GRPOTrainer):
         ``prompt_ids``, ``allocated_counts``, ``generated_counts`` (completions the
         generation backend returned per prompt), ``prompt_index``, ``rewards``,
         ``advantages`` (row order, before TRL shuffles the batch) and
-        ``diagnostics``.
+        ``diagnostics``; with rounds also ``round_index`` (each row's round),
+        ``round_counts`` (rounds x prompts) and ``rounds``.
     sera_loss_mode : str
         The aggregation of ``args.loss_type`` (:data:`LOSS_TYPE_TO_MODE`).
     """
@@ -264,6 +314,8 @@ class SeraGRPOTrainer(GRPOTrainer):
         success_threshold: float | None = None,
         prompt_id_column: str | None = "prompt_id",
         history_size: int = 256,
+        rounds: int = 1,
+        first_round: int | None = None,
         **kwargs: Any,
     ):
         if args is None:
@@ -294,9 +346,18 @@ class SeraGRPOTrainer(GRPOTrainer):
         self.sera_prompt_id_column = prompt_id_column
         self.sera_loss_mode = loss_mode(args.loss_type)
         self.sera_history: deque[dict[str, Any]] = deque(maxlen=history_size)
+        self.sera_rounds, self.sera_first_round = _common.check_rounds(rounds, first_round)
         self._sera_plan: RolloutPlan | None = None
         self._sera_generated_counts: np.ndarray | None = None
         self._sera_rewards_per_func: torch.Tensor | None = None
+        self._sera_pregenerated: tuple | None = None
+        self._sera_round_rewards: torch.Tensor | None = None
+        if self.sera_rounds > 1 and (kwargs.get("tools") or kwargs.get("environment_factory")):
+            raise SeraOptError(
+                "rounds > 1 is not available with tools or environment_factory: their per-row state is set up for "
+                "one generation call per step. Use rounds=1, or drive the rounds yourself with "
+                "sera_opt.integrations.torch_loop.maxrl_round_step."
+            )
         super().__init__(model, reward_funcs, args, **kwargs)
 
     # ------------------------------------------------------------------ planning
@@ -350,6 +411,14 @@ class SeraGRPOTrainer(GRPOTrainer):
         )
 
     def _generate(self, prompts: list):
+        if self._sera_pregenerated is not None:
+            # The rounds already generated (and checked) every row, in this order.
+            result = self._sera_pregenerated
+            if len(result[1]) != len(prompts):  # pragma: no cover - guarded by the row layout
+                raise SeraOptError(
+                    "the rounds generated a different number of rows than the batch holds."
+                )
+            return result
         result = super()._generate(prompts)
         plan = self._sera_plan
         if plan is None:
@@ -377,6 +446,12 @@ class SeraGRPOTrainer(GRPOTrainer):
         return result
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        if self._sera_round_rewards is not None:
+            # Each round was scored when it was generated; gathered here in the layout
+            # TRL expects (every process's rows, process by process).
+            rewards_per_func = gather(self._sera_round_rewards)
+            self._sera_rewards_per_func = rewards_per_func
+            return rewards_per_func
         rewards_per_func = super()._calculate_rewards(
             inputs, prompts, completions, completion_ids_list
         )
@@ -391,8 +466,9 @@ class SeraGRPOTrainer(GRPOTrainer):
         local = torch.as_tensor(local_index + offset, dtype=torch.long, device=device)
         return self.accelerator.gather(local)
 
-    def _sera_rewards(self) -> torch.Tensor:
-        rewards_per_func = self._sera_rewards_per_func
+    def _sera_rewards(self, rewards_per_func: torch.Tensor | None = None) -> torch.Tensor:
+        if rewards_per_func is None:
+            rewards_per_func = self._sera_rewards_per_func
         if rewards_per_func is None:  # pragma: no cover - guarded by TRL's control flow
             raise SeraOptError("no rewards were computed for the generation batch.")
         unscorable = torch.isnan(rewards_per_func).all(dim=1)
@@ -405,7 +481,12 @@ class SeraGRPOTrainer(GRPOTrainer):
         return (rewards_per_func * weights).nansum(dim=1)
 
     def _sera_replace_advantages(
-        self, output: dict[str, Any], mode: str, global_index: torch.Tensor, rewards: torch.Tensor
+        self,
+        output: dict[str, Any],
+        mode: str,
+        global_index: torch.Tensor,
+        rewards: torch.Tensor,
+        round_index: torch.Tensor | None = None,
     ) -> torch.Tensor:
         advantages = sera_opt.maxrl_advantages(
             rewards,
@@ -413,6 +494,7 @@ class SeraGRPOTrainer(GRPOTrainer):
             estimator=self.sera_estimator,
             multiplicity_correction=self.sera_multiplicity_correction,
             success_threshold=self.sera_success_threshold,
+            round_index=round_index,
         )
         advantages = advantages.to(
             device=output["advantages"].device, dtype=output["advantages"].dtype
@@ -466,18 +548,37 @@ class SeraGRPOTrainer(GRPOTrainer):
 
         groups = self._sera_groups(inputs, self.num_generations)
         prompt_ids = [self._sera_prompt_id(row) for row in groups]
-        plan = plan_rollouts(self.sera_planner, prompt_ids, len(inputs))
+        rounds_result = None
+        if self.sera_rounds > 1:
+            rounds_result, generated, pregenerated, round_rewards = self._sera_generate_rounds(
+                groups, prompt_ids, len(inputs)
+            )
+            # Rows round by round (a prompt's rows are not contiguous), as generated.
+            plan = RolloutPlan(
+                prompt_ids=_as_prompt_id_array(prompt_ids),
+                counts=rounds_result.counts,
+                prompt_index=rounds_result.prompt_index,
+            )
+        else:
+            plan = plan_rollouts(self.sera_planner, prompt_ids, len(inputs))
+            pregenerated = round_rewards = None
         # Shallow copies: TRL may write into rows, and a row repeated n_i times must not alias.
         rows = [copy.copy(groups[position]) for position in plan.prompt_index.tolist()]
 
-        self._sera_plan = plan
-        self._sera_generated_counts = None
+        if rounds_result is None:
+            self._sera_plan = plan
+            self._sera_generated_counts = None
+        self._sera_pregenerated = pregenerated
+        self._sera_round_rewards = round_rewards
         self._sera_rewards_per_func = None
         try:
             output = super()._generate_and_score_completions(rows)
         finally:
             self._sera_plan = None
-        generated = self._sera_generated_counts
+            self._sera_pregenerated = None
+            self._sera_round_rewards = None
+        if rounds_result is None:
+            generated = self._sera_generated_counts
         if generated is None or not np.array_equal(generated, plan.counts):
             raise SeraOptError(
                 f"planned counts {plan.counts.tolist()} but the backend generated "
@@ -486,8 +587,17 @@ class SeraGRPOTrainer(GRPOTrainer):
 
         rewards = self._sera_rewards()
         global_index = self._sera_global_index(plan.prompt_index, plan.num_prompts)
-        advantages = self._sera_replace_advantages(output, mode, global_index, rewards)
+        round_index = None
+        if rounds_result is not None:
+            round_index = self.accelerator.gather(
+                torch.tensor(
+                    rounds_result.round_index, dtype=torch.long, device=self.accelerator.device
+                )
+            )
+        advantages = self._sera_replace_advantages(output, mode, global_index, rewards, round_index)
         diagnostics = self._sera_log_diagnostics(mode, global_index, rewards, plan)
+        if rounds_result is not None:
+            diagnostics.update(self._sera_log_round_diagnostics(mode, rounds_result))
 
         # Every process observes every rollout, so the planners stay identical across processes.
         row_prompt_ids = gather_object(plan.row_prompt_ids.tolist())
@@ -495,19 +605,111 @@ class SeraGRPOTrainer(GRPOTrainer):
 
         num_local = len(rows)
         start = self.accelerator.process_index * num_local
-        self.sera_history.append(
-            {
-                "global_step": int(self.state.global_step),
-                "prompt_ids": plan.prompt_ids.tolist(),
-                "allocated_counts": plan.counts.tolist(),
-                "generated_counts": generated.tolist(),
-                "prompt_index": plan.prompt_index.tolist(),
-                "rewards": rewards[start : start + num_local].tolist(),
-                "advantages": advantages[start : start + num_local].tolist(),
-                "diagnostics": diagnostics,
-            }
-        )
+        record = {
+            "global_step": int(self.state.global_step),
+            "prompt_ids": plan.prompt_ids.tolist(),
+            "allocated_counts": plan.counts.tolist(),
+            "generated_counts": generated.tolist(),
+            "prompt_index": plan.prompt_index.tolist(),
+            "rewards": rewards[start : start + num_local].tolist(),
+            "advantages": advantages[start : start + num_local].tolist(),
+            "diagnostics": diagnostics,
+        }
+        if rounds_result is not None:
+            record["rounds"] = rounds_result.rounds
+            record["round_index"] = rounds_result.round_index.tolist()
+            record["round_counts"] = rounds_result.round_counts.tolist()
+        self.sera_history.append(record)
         return output
+
+    # ------------------------------------------------------------------- rounds
+    def _sera_generate_rounds(self, groups, prompt_ids, budget):
+        """Generate and score this process's rows in ``self.sera_rounds`` rounds.
+
+        Returns the session's result, the completions generated per prompt, the
+        concatenated output of the rounds' ``_generate`` calls (row order: round by
+        round) and this process's rewards per function for those rows.
+        """
+        if "images" in groups[0] or "image" in groups[0]:
+            raise SeraOptError(
+                "rounds > 1 is not available with image prompts (their multimodal messages are built for one "
+                "generation call); use rounds=1."
+            )
+        session = self.sera_planner.start_rounds(
+            prompt_ids, budget, rounds=self.sera_rounds, first=self.sera_first_round, observe=False
+        )
+        # Each round's backend call gathers over processes: every process must run the
+        # same rounds with the same number of rows (same share, same plan of budgets).
+        all_budgets = gather_object([list(session.round_budgets)])
+        if any(b != all_budgets[0] for b in all_budgets):
+            raise SeraOptError(
+                f"the processes planned different round budgets {all_budgets}; every process needs the same number "
+                "of prompts and rows per generation batch, and the same first_round."
+            )
+        rank = self.accelerator.process_index
+        positions = np.arange(len(groups), dtype=np.int64)
+        ids = _as_prompt_id_array(prompt_ids)
+        outputs: list[tuple] = []
+        local_rewards: list[torch.Tensor] = []
+        generated = np.zeros(len(groups), dtype=np.int64)
+        while not session.done:
+            counts = session.next_round()
+            rows_in_round = int(counts.sum())
+            if rows_in_round == 0:  # a round with no budget: the same on every process
+                session.record(np.zeros(0))
+                continue
+            index = np.repeat(positions, counts)
+            round_rows = [copy.copy(groups[p]) for p in index.tolist()]
+            prompts = [row["prompt"] for row in round_rows]
+            self._sera_plan = RolloutPlan(prompt_ids=ids, counts=counts, prompt_index=index)
+            self._sera_generated_counts = None
+            try:
+                result = self._generate(prompts)
+            finally:
+                self._sera_plan = None
+            if self._sera_generated_counts is None or not np.array_equal(
+                self._sera_generated_counts, counts
+            ):  # pragma: no cover - _generate raises first
+                raise SeraOptError(
+                    f"round {session.round}: the backend did not generate the planned counts."
+                )
+            generated += counts
+            completion_ids, completions = result[1], result[3]
+            gathered = GRPOTrainer._calculate_rewards(
+                self, round_rows, prompts, completions, completion_ids
+            )
+            rewards = self._sera_rewards(gathered)[
+                rank * rows_in_round : (rank + 1) * rows_in_round
+            ]
+            session.record(self._sera_outcomes(rewards))
+            outputs.append(result)
+            local_rewards.append(gathered[rank * rows_in_round : (rank + 1) * rows_in_round])
+        return (
+            session.result(),
+            generated,
+            _concatenate_generations(outputs),
+            torch.cat(local_rewards, dim=0),
+        )
+
+    def _sera_log_round_diagnostics(self, mode: str, result) -> dict:
+        """Log the rounds' diagnostics (``sera/rounds``, ``sera/round_<r>_budget``, ...)
+        over all processes: budgets summed, active fractions and the mean scale
+        averaged (every process has the same number of prompts), the minimum scale
+        the smallest."""
+        local = _common.round_diagnostics(result)
+        every = gather_object([local])
+        combined = {}
+        for key in local:
+            values = [d[key] for d in every]
+            if key.endswith("_budget"):
+                combined[key] = float(sum(values))
+            elif key == "min_scale":
+                combined[key] = float(min(values))
+            else:
+                combined[key] = float(np.mean(values))
+        for key, value in combined.items():
+            self._metrics[mode][f"sera/{key}"].append(value)
+        return combined
 
     def _sera_outcomes(self, rewards: torch.Tensor) -> np.ndarray:
         return _common.binary_outcomes(rewards, self.sera_success_threshold)

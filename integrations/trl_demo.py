@@ -11,7 +11,12 @@ for a few optimizer steps, and prints one JSON line per step::
 ``generated_counts`` the completions the generation backend returned for each of
 them; the demo exits with status 1 if they ever differ.
 
-Run: ``python -m sera_opt.integrations.trl_demo [--steps 6] [--loss-type dapo]``.
+With ``--rounds R`` each step's completions are generated in R calls (a first
+look, then the rest of the same budget where the planner sends it); each line then
+also carries ``rounds`` (the rounds used), ``round_budgets`` (completions per round)
+and ``round_counts`` (per round, each prompt's completions).
+
+Run: ``python -m sera_opt.integrations.trl_demo [--steps 6] [--loss-type dapo] [--rounds 2]``.
 Nothing is downloaded (``HF_HUB_OFFLINE=1`` is set before transformers loads).
 """
 
@@ -31,6 +36,8 @@ _LOGGED_DIAGNOSTICS = (
     "weight_spread",
     "alignment_proxy",
     "signal_fraction",
+    "mean_scale",
+    "min_scale",
 )
 
 
@@ -70,6 +77,15 @@ def _parser() -> argparse.ArgumentParser:
         choices=sera_opt.ESTIMATORS,
         help="MaxRL estimator",
     )
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="generation calls per step (default 1)"
+    )
+    parser.add_argument(
+        "--first-round",
+        type=int,
+        default=None,
+        help="completions per prompt in the first round (default nbar // 2)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--learning-rate", type=float, default=3e-3)
     return parser
@@ -83,6 +99,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "--steps and --prompts-per-step must be >= 1 and --num-generations >= 2",
             file=sys.stderr,
         )
+        return 2
+    if options.rounds < 1 or (options.first_round is not None and options.first_round < 1):
+        print("--rounds and --first-round must be >= 1", file=sys.stderr)
         return 2
     if options.num_prompts < options.prompts_per_step:
         print("--num-prompts must be at least --prompts-per-step", file=sys.stderr)
@@ -159,6 +178,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "loss": float(logs["loss"]),
                     "reward": float(logs.get("reward", float("nan"))),
                 }
+                if "rounds" in record:
+                    line["rounds"] = record["rounds"]
+                    line["round_counts"] = record["round_counts"]
+                    line["round_budgets"] = [sum(counts) for counts in record["round_counts"]]
                 for key in _LOGGED_DIAGNOSTICS:
                     if f"sera/{key}" in logs:
                         line[key] = round(float(logs[f"sera/{key}"]), 6)
@@ -172,6 +195,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             processing_class=tokenizer,
             planner=planner,
             estimator=options.estimator,
+            rounds=options.rounds,
+            first_round=options.first_round,
             callbacks=[_PrintSteps()],
         )
         # Only the JSON lines go to stdout (PrinterCallback would print every log dict).

@@ -385,7 +385,9 @@ class _FakeVLLMClient:
         return {"prompt_ids": prompts, "completion_ids": completion_ids, "logprobs": logprobs}
 
 
-def test_vllm_server_mode_sends_one_request_per_planned_row(tmp_path, tokenizer, prompts):
+def fake_vllm_server_trainer(tmp_path, tokenizer, prompts, **options):
+    """A SeraGRPOTrainer on TRL's own vLLM server-mode path, with the HTTP client replaced
+    by a recording fake; returns the trainer and the client."""
     from trl.generation.vllm_generation import VLLMGeneration
 
     trainer = SeraGRPOTrainer(
@@ -395,6 +397,7 @@ def test_vllm_server_mode_sends_one_request_per_planned_row(tmp_path, tokenizer,
         train_dataset=_dataset(prompts),
         processing_class=tokenizer,
         planner=_seeded_planner(),
+        **options,
     )
     client = _FakeVLLMClient(tokenizer.eos_token_id, len(tokenizer))
     # TRL's own server-mode code path, with the HTTP client replaced.
@@ -420,7 +423,11 @@ def test_vllm_server_mode_sends_one_request_per_planned_row(tmp_path, tokenizer,
     trainer.vllm_importance_sampling_correction = False
     trainer._last_loaded_step = -1
     trainer.model.train()
+    return trainer, client
 
+
+def test_vllm_server_mode_sends_one_request_per_planned_row(tmp_path, tokenizer, prompts):
+    trainer, client = fake_vllm_server_trainer(tmp_path, tokenizer, prompts)
     rows = [
         {"prompt": text, "prompt_id": i}
         for i, text in enumerate(prompts)
@@ -481,7 +488,8 @@ config = GRPOConfig(output_dir=sys.argv[1], use_cpu=True, bf16=False, report_to=
                     save_strategy="no", disable_tqdm=True, learning_rate=1e-2, dataloader_num_workers=0)
 trainer = Recording(model=build_tiny_model(tokenizer), reward_funcs=reward, args=config,
                     train_dataset=Dataset.from_dict({"prompt": prompts, "prompt_id": list(range(8))}),
-                    processing_class=tokenizer, planner=planner)
+                    processing_class=tokenizer, planner=planner,
+                    rounds=int(sys.argv[2]) if len(sys.argv) > 2 else 1)
 trainer.train()
 state = trainer.sera_planner.state_dict()["tracker"]
 rank = trainer.accelerator.process_index
