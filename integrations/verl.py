@@ -77,6 +77,7 @@ __all__ = [
     "ESTIMATOR_NAME",
     "LOSS_AGG_MODES",
     "ROLLOUT_COUNT_KEY",
+    "ROUND_KEY",
     "SUPPORTED_VERL_VERSIONS",
     "TRAINER_MODES",
     "PLANNER_STATE_FILE",
@@ -94,6 +95,7 @@ __all__ = [
     "register_estimator",
     "register_trainers",
     "repeat_by_counts",
+    "round_index",
 ]
 
 #: The name under which the estimator is registered (``algorithm.adv_estimator``).
@@ -335,6 +337,50 @@ _CALL_SINK: contextvars.ContextVar[list[EstimatorCall] | None] = contextvars.Con
 )
 
 
+#: Non-tensor column holding each row's round (0 for the first), written by
+#: :func:`repeat_by_counts` with ``round_number=``.
+ROUND_KEY = "sera_round"
+
+_ROUND_INDEX: contextvars.ContextVar[np.ndarray | None] = contextvars.ContextVar(
+    "sera_opt_verl_round_index", default=None
+)
+
+
+@contextlib.contextmanager
+def round_index(values: Any) -> Iterator[np.ndarray]:
+    """Give the estimator each row's round for the calls made inside the ``with`` block.
+
+    verl's ``compute_advantage`` passes an estimator only the batch's ``uid``; a
+    batch generated in rounds (rows of each round laid out by
+    :func:`repeat_by_counts` with ``round_number=r`` and concatenated) carries its
+    rounds in the :data:`ROUND_KEY` column::
+
+        with round_index(batch.non_tensor_batch[ROUND_KEY]):
+            batch = compute_advantage(batch, adv_estimator="sera_maxrl", config=...)
+
+    The estimator then takes the mean-centred baseline from the first round
+    (:func:`sera_opt.maxrl_advantages` with ``round_index``). The values must be
+    non-negative integers, one per row of the batch the estimator gets.
+    """
+    array = np.asarray(values)
+    if array.ndim != 1 or not (np.issubdtype(array.dtype, np.integer) or array.dtype == object):
+        raise SeraOptError(
+            f"round_index takes one integer round per row (a 1-D array); got dtype {array.dtype}, "
+            f"shape {array.shape}."
+        )
+    try:
+        array = array.astype(np.int64)
+    except (TypeError, ValueError) as exc:
+        raise SeraOptError(f"round_index takes one integer round per row: {exc}") from exc
+    if array.size and array.min() < 0:
+        raise SeraOptError("round_index values are rounds, 0 for the first; got a negative one.")
+    token = _ROUND_INDEX.set(array)
+    try:
+        yield array
+    finally:
+        _ROUND_INDEX.reset(token)
+
+
 @contextlib.contextmanager
 def collect_estimator_calls() -> Iterator[list[EstimatorCall]]:
     """Record every call of the estimator made inside the ``with`` block.
@@ -357,6 +403,7 @@ def compute_sera_maxrl_advantage(
     response_mask: torch.Tensor,
     index: Any = None,
     config: Any = None,
+    round_index: Any = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """MaxRL advantages for verl, registered as ``algorithm.adv_estimator=sera_maxrl``.
@@ -384,6 +431,11 @@ def compute_sera_maxrl_advantage(
         (:class:`SeraMaxRLConfig`) selects the estimator, the correction and the
         success threshold. ``use_kl_in_reward`` must be off: a KL penalty folded
         into the reward makes outcomes non-binary (use ``actor.use_kl_loss``).
+    round_index : array-like of int, shape (bs,), optional
+        Each response's round, for a batch generated in rounds: the mean-centred
+        estimator's baseline then comes from the first round (THEORY.md section 9).
+        Default: the one set by a :func:`round_index` block, if any (verl's
+        ``compute_advantage`` does not pass it).
     **kwargs
         Other batch fields verl may pass (``reward_baselines``); ignored, with a
         :class:`sera_opt.SeraOptWarning`.
@@ -433,6 +485,14 @@ def compute_sera_maxrl_advantage(
     with torch.no_grad():
         outcomes = token_level_rewards.sum(dim=-1)
         prompt_index = torch.from_numpy(codes).to(device)
+        rounds = _ROUND_INDEX.get() if round_index is None else round_index
+        if rounds is not None:
+            rounds = torch.as_tensor(np.asarray(rounds, dtype=np.int64), device=device)
+            if rounds.shape != (codes.shape[0],):
+                raise SeraOptError(
+                    f"round_index has {tuple(rounds.shape)} entries for {codes.shape[0]} responses; give one "
+                    "round per row of the batch the estimator gets."
+                )
         try:
             scalars = sera_opt.maxrl_advantages(
                 outcomes,
@@ -441,6 +501,7 @@ def compute_sera_maxrl_advantage(
                 multiplicity_correction=options.multiplicity_correction,
                 success_threshold=options.success_threshold,
                 num_prompts=max(num_prompts, 1),
+                round_index=rounds,
             )
         except SeraOptError as exc:
             raise SeraOptError(
@@ -530,7 +591,9 @@ def register_estimator(name: str = ESTIMATOR_NAME):
 # --------------------------------------------------------------------------- rollout counts
 
 
-def repeat_by_counts(batch: DataProto, counts: Any, *, uid_key: str = "uid") -> DataProto:
+def repeat_by_counts(
+    batch: DataProto, counts: Any, *, uid_key: str = "uid", round_number: int | None = None
+) -> DataProto:
     """Repeat row i of a prompt batch ``counts[i]`` times, keeping one uid per prompt.
 
     The variable-count replacement of verl's ``batch.repeat(rollout.n, interleave=True)``,
@@ -548,6 +611,10 @@ def repeat_by_counts(batch: DataProto, counts: Any, *, uid_key: str = "uid") -> 
         The non-tensor column holding the group id. Missing: a fresh uuid4 string is
         given to every prompt. Present: the ids must be distinct across rows, or two
         prompts would be pooled into one group.
+    round_number : int, optional
+        For one round of a step generated in rounds: every row gets this round in
+        the :data:`ROUND_KEY` column (see :func:`round_index`). The prompt batch must
+        then carry its uids, so that every round's rows of a prompt share one.
 
     Returns
     -------
@@ -559,6 +626,21 @@ def repeat_by_counts(batch: DataProto, counts: Any, *, uid_key: str = "uid") -> 
         raise SeraOptError(f"batch must be a verl.DataProto, got {type(batch).__name__}.")
     counts = _common.check_counts(counts, len(batch), minimum=0)
     non_tensor = dict(batch.non_tensor_batch)
+    if round_number is not None:
+        if (
+            isinstance(round_number, bool)
+            or not isinstance(round_number, numbers.Integral)
+            or round_number < 0
+        ):
+            raise SeraOptError(
+                f"round_number must be a round, an integer >= 0; got {round_number!r}."
+            )
+        if uid_key not in non_tensor:
+            raise SeraOptError(
+                f"round_number needs the prompt batch's {uid_key!r} column, so that every round's rows of a "
+                "prompt share one uid; assign the uids once, before the first round."
+            )
+        non_tensor[ROUND_KEY] = np.full(len(batch), int(round_number), dtype=np.int64)
     if uid_key in non_tensor:
         uids = np.asarray(non_tensor[uid_key], dtype=object)
         _, distinct = prompt_codes(uids)

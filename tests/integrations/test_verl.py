@@ -624,6 +624,70 @@ def test_repeat_by_counts_keeps_existing_uids_and_accepts_allocations(sv):
     assert out.non_tensor_batch["uid"].tolist() == ["u0", "u1", "u1", "u2", "u2", "u2"] + ["u3"] * 4
 
 
+def _round_batch(sv, batch, round_counts, seed=0):
+    """The rows of every round (repeat_by_counts with round_number=r), concatenated, with
+    random 0/1 outcomes on the last token."""
+    from verl import DataProto
+
+    parts = [
+        sv.repeat_by_counts(batch, counts, round_number=r) for r, counts in enumerate(round_counts)
+    ]
+    joined = DataProto.concat(parts)
+    rng = np.random.default_rng(seed)
+    outcomes = torch.from_numpy((rng.random(len(joined)) < 0.4).astype(np.float32))
+    rewards = torch.zeros(len(joined), 4)
+    rewards[:, -1] = outcomes
+    joined.batch["token_level_rewards"] = rewards
+    joined.batch["response_mask"] = torch.ones(len(joined), 4, dtype=torch.int64)
+    return joined, outcomes
+
+
+def test_rounds_carry_their_round_to_the_estimator(sv, compute_advantage):
+    batch = prompt_batch(num_prompts=4, with_uid=True)
+    round_counts = [[2, 2, 2, 2], [0, 3, 1, 4], [2, 0, 0, 1]]
+    joined, outcomes = _round_batch(sv, batch, round_counts)
+    rounds = joined.non_tensor_batch[sv.ROUND_KEY]
+    assert rounds.tolist() == [r for r, c in enumerate(round_counts) for _ in range(sum(c))]
+    # every round's rows of a prompt share the prompt's uid
+    assert Counter(joined.non_tensor_batch["uid"].tolist()) == {
+        f"u{i}": sum(c[i] for c in round_counts) for i in range(4)
+    }
+    prompt = torch.tensor([i for c in round_counts for i, n in enumerate(c) for _ in range(n)])
+    expected = sera_opt.maxrl_advantages(outcomes, prompt, round_index=torch.from_numpy(rounds))
+    with sv.round_index(rounds):
+        out = compute_advantage(joined, adv_estimator="sera_maxrl", config=algorithm_config())
+    torch.testing.assert_close(out.batch["advantages"][:, 0], expected, rtol=0, atol=0)
+    # the direct call takes it as an argument too, and without it the baseline is the whole group's
+    direct, _ = sv.compute_sera_maxrl_advantage(
+        joined.batch["token_level_rewards"], joined.batch["response_mask"],
+        index=joined.non_tensor_batch["uid"], round_index=rounds,
+    )
+    torch.testing.assert_close(direct[:, 0], expected, rtol=0, atol=0)
+    pooled = sera_opt.maxrl_advantages(outcomes, prompt)
+    outside = compute_advantage(joined, adv_estimator="sera_maxrl", config=algorithm_config())
+    torch.testing.assert_close(outside.batch["advantages"][:, 0], pooled, rtol=0, atol=0)
+    assert not torch.equal(expected, pooled)
+
+
+def test_round_options_are_checked(sv):
+    batch = prompt_batch(num_prompts=3, with_uid=True)
+    for bad in (-1, True, 1.5):
+        with pytest.raises(SeraOptError, match="round_number must be a round"):
+            sv.repeat_by_counts(batch, [1, 1, 1], round_number=bad)
+    with pytest.raises(SeraOptError, match="needs the prompt batch's 'uid' column"):
+        sv.repeat_by_counts(prompt_batch(num_prompts=3), [1, 1, 1], round_number=0)
+    for bad in ([[0, 1]], [0.5, 1.0], [-1, 0]):
+        with pytest.raises(SeraOptError, match="round_index"):
+            with sv.round_index(np.asarray(bad)):
+                pass
+    joined, _ = _round_batch(sv, batch, [[1, 1, 1], [2, 0, 1]])
+    with pytest.raises(SeraOptError, match="round_index has"):
+        sv.compute_sera_maxrl_advantage(
+            joined.batch["token_level_rewards"], joined.batch["response_mask"],
+            index=joined.non_tensor_batch["uid"], round_index=np.zeros(2, dtype=np.int64),
+        )
+
+
 def test_repeat_by_counts_then_compute_advantage(sv, compute_advantage):
     batch = prompt_batch(num_prompts=5)
     counts = np.array([2, 6, 3, 1, 4])
