@@ -28,23 +28,26 @@ if has_module("trl"):
         ROWS,
         _config,
         _dataset,
+        _RecordingTrainer,
         _RewardRecorder,
         _seeded_planner,
         fake_vllm_server_trainer,
     )
 
-    class _Recording(SeraGRPOTrainer):
-        def __init__(self, *args, **kwargs):
-            self.recorded_advantages = []
-            super().__init__(*args, **kwargs)
-
-        def _generate_and_score_completions(self, inputs):
-            output = super()._generate_and_score_completions(inputs)
-            self.recorded_advantages.append(output["advantages"].detach().clone())
-            return output
-
 
 ROUNDS = 3
+
+
+def _trainer(args, tokenizer, prompts, *, cls=None, model=None, reward_funcs=None, **options):
+    """A trainer on the tiny model and the seeded planner; ``options`` go to the trainer."""
+    return (cls or SeraGRPOTrainer)(
+        model=build_tiny_model(tokenizer) if model is None else model,
+        reward_funcs=_RewardRecorder() if reward_funcs is None else reward_funcs,
+        args=args,
+        train_dataset=_dataset(prompts),
+        processing_class=tokenizer,
+        **{"planner": _seeded_planner(), **options},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -61,12 +64,12 @@ def prompts():
 def trained(tmp_path_factory, tokenizer, prompts):
     recorder = _RewardRecorder()
     planner = _seeded_planner()
-    trainer = _Recording(
-        model=build_tiny_model(tokenizer),
+    trainer = _trainer(
+        _config(tmp_path_factory.mktemp("rounds"), max_steps=3),
+        tokenizer,
+        prompts,
+        cls=_RecordingTrainer,
         reward_funcs=recorder,
-        args=_config(tmp_path_factory.mktemp("rounds"), max_steps=3),
-        train_dataset=_dataset(prompts),
-        processing_class=tokenizer,
         planner=planner,
         rounds=ROUNDS,
         first_round=2,
@@ -152,13 +155,11 @@ def test_one_round_is_the_static_trainer(tmp_path, tokenizer, prompts):
     for rounds in (None, 1):
         recorder = _RewardRecorder()
         options = {} if rounds is None else {"rounds": rounds}
-        trainer = SeraGRPOTrainer(
-            model=build_tiny_model(tokenizer),
+        trainer = _trainer(
+            _config(tmp_path / str(rounds), max_steps=2),
+            tokenizer,
+            prompts,
             reward_funcs=recorder,
-            args=_config(tmp_path / str(rounds), max_steps=2),
-            train_dataset=_dataset(prompts),
-            processing_class=tokenizer,
-            planner=_seeded_planner(),
             **options,
         )
         trainer.train()
@@ -185,13 +186,12 @@ def test_trl_options_work_with_rounds(tmp_path, tokenizer, prompts, options):
         model.save_pretrained(tmp_path / "tiny")
         tokenizer.save_pretrained(tmp_path / "tiny")
         model = str(tmp_path / "tiny")
-    trainer = SeraGRPOTrainer(
+    trainer = _trainer(
+        _config(tmp_path, max_steps=2, **options),
+        tokenizer,
+        prompts,
         model=model,
         reward_funcs=recorder,
-        args=_config(tmp_path, max_steps=2, **options),
-        train_dataset=_dataset(prompts),
-        processing_class=tokenizer,
-        planner=_seeded_planner(),
         rounds=2,
     )
     trainer.train()
@@ -247,25 +247,14 @@ def test_vllm_server_mode_sends_one_request_per_round(tmp_path, tokenizer, promp
 )
 def test_rejects_bad_round_options(tmp_path, tokenizer, prompts, options, message):
     with pytest.raises(SeraOptError, match=message):
-        SeraGRPOTrainer(
-            model=build_tiny_model(tokenizer),
-            reward_funcs=_RewardRecorder(),
-            args=_config(tmp_path),
-            train_dataset=_dataset(prompts),
-            processing_class=tokenizer,
-            planner=_seeded_planner(),
-            **options,
-        )
+        _trainer(_config(tmp_path), tokenizer, prompts, **options)
 
 
 def test_rejects_a_first_round_larger_than_the_budget(tmp_path, tokenizer, prompts):
-    trainer = SeraGRPOTrainer(
-        model=build_tiny_model(tokenizer),
-        reward_funcs=_RewardRecorder(),
-        args=_config(tmp_path, max_steps=1),
-        train_dataset=_dataset(prompts),
-        processing_class=tokenizer,
-        planner=_seeded_planner(),
+    trainer = _trainer(
+        _config(tmp_path, max_steps=1),
+        tokenizer,
+        prompts,
         rounds=2,
         first_round=NUM_GENERATIONS + 1,
     )
@@ -283,28 +272,11 @@ def test_rejects_rounds_with_tools(tmp_path, tokenizer, prompts):
         return digit
 
     with pytest.raises(SeraOptError, match="tools or environment_factory"):
-        SeraGRPOTrainer(
-            model=build_tiny_model(tokenizer),
-            reward_funcs=_RewardRecorder(),
-            args=_config(tmp_path),
-            train_dataset=_dataset(prompts),
-            processing_class=tokenizer,
-            planner=_seeded_planner(),
-            tools=[lookup],
-            rounds=2,
-        )
+        _trainer(_config(tmp_path), tokenizer, prompts, tools=[lookup], rounds=2)
 
 
 def test_rejects_rounds_with_image_prompts(tmp_path, tokenizer, prompts):
-    trainer = SeraGRPOTrainer(
-        model=build_tiny_model(tokenizer),
-        reward_funcs=_RewardRecorder(),
-        args=_config(tmp_path),
-        train_dataset=_dataset(prompts),
-        processing_class=tokenizer,
-        planner=_seeded_planner(),
-        rounds=2,
-    )
+    trainer = _trainer(_config(tmp_path), tokenizer, prompts, rounds=2)
     trainer.model.train()
     rows = [
         {"prompt": text, "prompt_id": i, "image": None}
