@@ -667,23 +667,17 @@ class SeraGRPOTrainer(GRPOTrainer):
                 result = self._generate(prompts)
             finally:
                 self._sera_plan = None
-            if self._sera_generated_counts is None or not np.array_equal(
-                self._sera_generated_counts, counts
-            ):  # pragma: no cover - _generate raises first
-                raise SeraOptError(
-                    f"round {session.round}: the backend did not generate the planned counts."
-                )
-            generated += counts
+            # _generate checked the round's rows against its plan, prompt by prompt.
+            generated += self._sera_generated_counts
             completion_ids, completions = result[1], result[3]
             gathered = GRPOTrainer._calculate_rewards(
                 self, round_rows, prompts, completions, completion_ids
             )
-            rewards = self._sera_rewards(gathered)[
-                rank * rows_in_round : (rank + 1) * rows_in_round
-            ]
-            session.record(self._sera_outcomes(rewards))
+            local = slice(rank * rows_in_round, (rank + 1) * rows_in_round)
+            # Checked on the gathered rewards, so that every process raises together.
+            session.record(self._sera_outcomes(self._sera_rewards(gathered)[local]))
             outputs.append(result)
-            local_rewards.append(gathered[rank * rows_in_round : (rank + 1) * rows_in_round])
+            local_rewards.append(gathered[local])
         return (
             session.result(),
             generated,
