@@ -251,6 +251,11 @@ RESERVED_OPTIONS = frozenset({"min_rollouts", "max_rollouts", "offset"})
 #: Options every arm takes beside its policy's: the step in rounds
 #: (:meth:`sera_opt.RolloutPlanner.start_rounds`).
 ROUND_OPTIONS = frozenset({"rounds", "first"})
+#: The peer whose rounds are its own rule, not an allocation policy
+#: (:class:`sera_opt.rounds.ReinforceAda`), and the options its arm takes: the rule's,
+#: and ``matched=True`` for the variant capped at the experiment's budget.
+REINFORCE_ADA = "reinforce-ada"
+REINFORCE_ADA_OPTIONS = frozenset({"exit", "per_round", "max_rounds", "keep", "matched"})
 
 
 @dataclass(frozen=True)
@@ -280,6 +285,36 @@ class ArmSpec:
     def kwargs(self) -> dict[str, Any]:
         return dict(self.options)
 
+    @property
+    def is_reinforce_ada(self) -> bool:
+        """Whether the arm is the Reinforce-Ada peer (its own rounds, estimator and budget)."""
+        return self.policy == REINFORCE_ADA
+
+    def build_rule(self, *, num_prompts: int, budget: int):
+        """The Reinforce-Ada rule of this arm and its step cap: ``(rule, None)`` for the
+        paper's own schedule and budget (rounds of 8, at most 4, up to 32 rollouts per
+        prompt), ``(rule, budget)`` for ``matched=True``: the same schedule shrunk to fit
+        the experiment's budget, rounds of ``max(1, budget // (num_prompts * max_rounds))``
+        rollouts per active prompt (unless ``per_round`` is given), never more than
+        ``budget`` in a step."""
+        from sera_opt.rounds import ReinforceAda
+
+        if not self.is_reinforce_ada:
+            raise ArmSpecError(f"arm {self.label!r} is an allocation policy; use build().")
+        options = self.kwargs
+        matched = options.pop("matched", False)
+        if not isinstance(matched, bool):
+            raise ArmSpecError(f"arm {self.label!r}: matched is True or False, got {matched!r}.")
+        if matched and "per_round" not in options:
+            rounds = options.get("max_rounds", 4)
+            if isinstance(rounds, int) and not isinstance(rounds, bool) and rounds >= 1:
+                options["per_round"] = max(1, budget // (num_prompts * rounds))
+        try:
+            rule = ReinforceAda(**options)
+        except (SeraOptError, TypeError, ValueError) as exc:
+            raise ArmSpecError(f"arm {self.label!r}: {_one_line(exc)}") from None
+        return rule, (budget if matched else None)
+
     def start_rounds(self, planner, prompt_ids, budget: int):
         """``planner.start_rounds`` with this arm's rounds and first-round size."""
         return planner.start_rounds(prompt_ids, budget, rounds=self.rounds, first=self.first)
@@ -292,6 +327,10 @@ class ArmSpec:
         """
         import sera_opt
 
+        if self.is_reinforce_ada:
+            raise ArmSpecError(
+                f"arm {self.label!r} is Reinforce-Ada's round rule, not an allocation policy; "
+                "use build_rule().")
         options = self.kwargs
         if "max_ratio" in options and max_rollouts is not None:
             raise ArmSpecError(
@@ -370,6 +409,7 @@ def parse_arm(text: str, *, available: Iterable[str] | None = None) -> ArmSpec:
     import sera_opt
 
     known = tuple(sera_opt.available_policies() if available is None else available)
+    known += (REINFORCE_ADA,)
     if not isinstance(text, str):
         raise ArmSpecError(f"an arm is given as a string such as 'sera:max_ratio=2', got {text!r}.")
     label = text.strip()
@@ -390,6 +430,13 @@ def parse_arm(text: str, *, available: Iterable[str] | None = None) -> ArmSpec:
                 f"(write e.g. 'sera:max_ratio=2' or 'vip:gamma=0.001').")
         if key in options or key in rounds:
             raise ArmSpecError(f"arm {label!r}: option {key!r} is given twice.")
+        if name == REINFORCE_ADA:
+            if key not in REINFORCE_ADA_OPTIONS:
+                raise ArmSpecError(
+                    f"arm {label!r}: Reinforce-Ada takes {', '.join(sorted(REINFORCE_ADA_OPTIONS))}"
+                    f" (its rounds are its own rule: per_round and max_rounds), not {key!r}.")
+            options[key] = _parse_value(value, key, label)
+            continue
         if key in ROUND_OPTIONS:
             rounds[key] = _round_option(key, value, label)
             continue
@@ -453,6 +500,10 @@ def check_arms(arms, *, min_rollouts, max_rollouts, offset: int, num_prompts: in
     specs = parse_arms(arms)
     success_probs = np.linspace(0.02, 0.98, num_prompts)
     for spec in specs:
+        if spec.is_reinforce_ada:
+            rule, cap = spec.build_rule(num_prompts=num_prompts, budget=budget)
+            rule.start_rounds(budget=cap, num_prompts=num_prompts)
+            continue
         policy = spec.build(min_rollouts=min_rollouts, max_rollouts=max_rollouts, offset=offset)
         try:
             with warnings.catch_warnings():

@@ -49,17 +49,31 @@ def _runs(payload: dict):
 
 
 def _round_summary(runs: list, last: int = 50) -> dict:
+    """Mean over every seed's last ``last`` steps of each round's budget and of the
+    fraction of prompts active after it, the rollouts per step, and the expected scales
+    where the rule has them. A step that ended before a round (a rule with exits) spent
+    0 on it, and its active fraction stays what it was."""
     steps = [step for run in runs for step in run[-last:]]
-    if "active_fraction" in steps[0]:  # arithmetic's record
-        active = np.mean([s["active_fraction"] for s in steps], axis=0)
-        budgets = np.mean([s["round_budgets"] for s in steps], axis=0)
-    else:
-        count = int(steps[0]["rounds"])
-        active = [np.mean([s[f"round_{r}_active"] for s in steps]) for r in range(count)]
-        budgets = [np.mean([s[f"round_{r}_budget"] for s in steps]) for r in range(count)]
-    return {"budgets": [float(b) for b in budgets], "active": [float(a) for a in active],
-            "mean_scale": float(np.mean([s["mean_scale"] for s in steps])),
-            "min_scale": float(np.mean([s["min_scale"] for s in steps]))}
+    budgets, active = [], []
+    for s in steps:
+        if "active_fraction" in s:  # arithmetic's record
+            b, a = list(s["round_budgets"]), list(s["active_fraction"])
+        else:
+            count = int(s["rounds"])
+            b = [s[f"round_{r}_budget"] for r in range(count)]
+            a = [s[f"round_{r}_active"] for r in range(count)]
+        budgets.append(b)
+        active.append(a)
+    width = max(len(b) for b in budgets)
+    budgets = np.array([b + [0.0] * (width - len(b)) for b in budgets], dtype=float)
+    active = np.array([a + [a[-1]] * (width - len(a)) for a in active], dtype=float)
+    out = {"budgets": [float(b) for b in budgets.mean(axis=0)],
+           "active": [float(a) for a in active.mean(axis=0)],
+           "rollouts_per_step": float(budgets.sum(axis=1).mean())}
+    if all("mean_scale" in s for s in steps):
+        out["mean_scale"] = float(np.mean([s["mean_scale"] for s in steps]))
+        out["min_scale"] = float(np.mean([s["min_scale"] for s in steps]))
+    return out
 
 
 def summarize(payload: dict) -> dict:
@@ -125,9 +139,11 @@ def _print(summaries: dict, rule: dict) -> None:
         print(f"\n{name}: CPU s per arm and seed " + ", ".join(
             f"{a} {v:.1f}" for a, v in summary["cpu_time_per_arm_s"].items()))
         for arm, r in summary["rounds"].items():
-            print(f"  {arm}: budgets {[round(b, 1) for b in r['budgets']]}, active after each "
-                  f"round {[round(a, 3) for a in r['active']]}, expected scale mean "
-                  f"{r['mean_scale']:.3f}, smallest {r['min_scale']:.3f}")
+            scale = (f", expected scale mean {r['mean_scale']:.3f}, smallest {r['min_scale']:.3f}"
+                     if "mean_scale" in r else "")
+            print(f"  {arm}: budgets {[round(b, 1) for b in r['budgets']]} "
+                  f"({r['rollouts_per_step']:.1f} rollouts per step), active after each "
+                  f"round {[round(a, 3) for a in r['active']]}{scale}")
     print(f"\nnot run: {', '.join(rule['missing']) or 'none'}")
     for cand, v in rule["candidates"].items():
         print(f"{cand}: never significantly below {v['never_below']}, significantly above "

@@ -409,12 +409,11 @@ def round_diagnostics(result: Any) -> dict[str, float]:
     """A round session's per-step diagnostics (:class:`sera_opt.RoundResult`): the rounds
     used, each round's budget, the fraction of prompts still active (no success yet)
     after each round, and the mean and smallest expected scale of the prompts'
-    likelihood gradients (``factors``)."""
-    out = {
-        "rounds": float(result.rounds),
-        "mean_scale": float(np.mean(result.factors)),
-        "min_scale": float(np.min(result.factors)),
-    }
+    likelihood gradients (``factors``), where the rule has one."""
+    out = {"rounds": float(result.rounds)}
+    if np.isfinite(result.factors).all():  # a peer's rule without a MaxRL scale has NaN
+        out["mean_scale"] = float(np.mean(result.factors))
+        out["min_scale"] = float(np.min(result.factors))
     for r, (budget, active) in enumerate(zip(result.round_budgets, result.active_fraction)):
         out[f"round_{r}_budget"] = float(budget)
         out[f"round_{r}_active"] = float(active)

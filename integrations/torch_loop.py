@@ -56,6 +56,7 @@ __all__ = [
     "maxrl_step",
     "observe",
     "plan_rollouts",
+    "reinforce_ada_step",
 ]
 
 #: The aggregation modes of :func:`sera_opt.aggregate_loss` (:data:`sera_opt.LOSS_MODES`).
@@ -543,6 +544,8 @@ class RoundStepOutput:
     prompt_index: np.ndarray
     round_index: np.ndarray
     result: Any = field(repr=False)
+    #: The rows the update used (:func:`reinforce_ada_step`); None: every row.
+    kept: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def counts(self) -> np.ndarray:
@@ -562,6 +565,49 @@ def _pad_cat(parts: list[torch.Tensor]) -> torch.Tensor:
         return torch.cat(parts)
     width = max(p.shape[1] for p in parts)
     return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in parts])
+
+
+def _draw_rounds(session: Any, ids: np.ndarray, rollout_fn: Callable[[RolloutPlan], Any],
+                 success_threshold: float | None):
+    """Run every round of ``session`` through ``rollout_fn``; returns the rounds' log
+    probabilities and masks (zero-padded to one width), their binary outcomes as a
+    tensor, and the session's result."""
+    positions = np.arange(ids.shape[0], dtype=np.int64)
+    log_parts: list[torch.Tensor] = []
+    mask_parts: list[torch.Tensor] = []
+    reward_parts: list[np.ndarray] = []
+    while not session.done:
+        counts = session.next_round()
+        if not counts.any():
+            session.record(np.zeros(0))
+            continue
+        plan = RolloutPlan(prompt_ids=ids, counts=counts,
+                           prompt_index=np.repeat(positions, counts))
+        log_probs, rewards, mask = _unpack_rollouts(rollout_fn(plan))
+        if not isinstance(log_probs, torch.Tensor) or log_probs.dim() not in (1, 2):
+            raise SeraOptError(
+                "the rollout function must return log_probs as a torch.Tensor of shape (B,) or "
+                "(B, T) for each round."
+            )
+        outcomes = _common.binary_outcomes(_rewards_tensor(rewards, plan.budget, None),
+                                           success_threshold)
+        session.record(outcomes)
+        log_parts.append(log_probs)
+        if log_probs.dim() == 2:
+            mask_parts.append(torch.ones_like(log_probs) if mask is None
+                              else torch.as_tensor(mask, device=log_probs.device))
+        reward_parts.append(outcomes)
+    result = session.result()
+    if not log_parts:
+        raise SeraOptError("the step drew no rollouts (a zero budget?); nothing to train on.")
+    dims = {p.dim() for p in log_parts}
+    if len(dims) > 1:
+        raise SeraOptError("the rollout function returned sequence log-probabilities in some "
+                           "rounds and token log-probabilities in others; return one kind.")
+    log_probs = _pad_cat(log_parts)
+    mask = _pad_cat(mask_parts) if mask_parts else None
+    rewards = torch.as_tensor(np.concatenate(reward_parts), device=log_probs.device)
+    return log_probs, mask, rewards, result
 
 
 def maxrl_round_step(
@@ -610,44 +656,60 @@ def maxrl_round_step(
     ids = _as_prompt_id_array(prompt_ids)
     session = planner.start_rounds(ids, budget, rounds=rounds, first=first,
                                    round_budgets=round_budgets)
-    positions = np.arange(ids.shape[0], dtype=np.int64)
-    log_parts: list[torch.Tensor] = []
-    mask_parts: list[torch.Tensor] = []
-    reward_parts: list[np.ndarray] = []
-    while not session.done:
-        counts = session.next_round()
-        if not counts.any():
-            session.record(np.zeros(0))
-            continue
-        plan = RolloutPlan(prompt_ids=ids, counts=counts,
-                           prompt_index=np.repeat(positions, counts))
-        log_probs, rewards, mask = _unpack_rollouts(rollout_fn(plan))
-        if not isinstance(log_probs, torch.Tensor) or log_probs.dim() not in (1, 2):
-            raise SeraOptError(
-                "the rollout function must return log_probs as a torch.Tensor of shape (B,) or "
-                "(B, T) for each round."
-            )
-        outcomes = _common.binary_outcomes(_rewards_tensor(rewards, plan.budget, None),
-                                           success_threshold)
-        session.record(outcomes)
-        log_parts.append(log_probs)
-        if log_probs.dim() == 2:
-            mask_parts.append(torch.ones_like(log_probs) if mask is None
-                              else torch.as_tensor(mask, device=log_probs.device))
-        reward_parts.append(outcomes)
-    result = session.result()
-    if not log_parts:
-        raise SeraOptError("the step drew no rollouts (a zero budget?); nothing to train on.")
-    dims = {p.dim() for p in log_parts}
-    if len(dims) > 1:
-        raise SeraOptError("the rollout function returned sequence log-probabilities in some "
-                           "rounds and token log-probabilities in others; return one kind.")
-    log_probs = _pad_cat(log_parts)
-    mask = _pad_cat(mask_parts) if mask_parts else None
-    rewards = torch.as_tensor(np.concatenate(reward_parts), device=log_probs.device)
+    log_probs, mask, rewards, result = _draw_rounds(session, ids, rollout_fn, success_threshold)
     loss = maxrl_loss(log_probs, rewards, result.prompt_index, mask=mask, mode=mode,
                       estimator=estimator, multiplicity_correction=multiplicity_correction,
                       round_index=result.round_index)
     return RoundStepOutput(loss=loss.loss, advantages=loss.advantages, rewards=rewards,
                            prompt_index=result.prompt_index, round_index=result.round_index,
                            result=result)
+
+
+def reinforce_ada_step(
+    rule: Any,
+    prompt_ids: Sequence[Any],
+    rollout_fn: Callable[[RolloutPlan], Any],
+    *,
+    budget: int | None = None,
+    mode: str | None = None,
+    success_threshold: float | None = None,
+    planner: Any = None,
+) -> RoundStepOutput:
+    """One step of the Reinforce-Ada peer (:class:`sera_opt.rounds.ReinforceAda`), for
+    comparisons: its rounds with early exits, its kept group per prompt, and its update
+    ``r - rbar`` on the kept rollouts only (``rbar`` the prompt's pooled success rate).
+
+    Not a MaxRL step: the rule ascends a different objective and its budget is its own
+    unless ``budget`` caps it (docs/policies.md, "Reinforce-Ada"). ``rollout_fn`` is
+    called once per round, as in :func:`maxrl_round_step`. The loss is
+    ``aggregate_loss(-A[:, None] * log_probs, mask, mode)`` over the kept rows, the batch
+    the paper's update sees. A ``planner`` given observes every drawn rollout (its
+    tracker then follows the prompts as in the other loops); its policy is not used.
+
+    Returns
+    -------
+    RoundStepOutput
+        ``advantages`` is 0 on the rows not kept; ``kept`` marks the kept rows;
+        ``result.factors`` is NaN (the rule has no MaxRL scale).
+    """
+    ids = _as_prompt_id_array(prompt_ids)
+    session = rule.start_rounds(budget=budget, num_prompts=ids.shape[0])
+    log_probs, mask, rewards, result = _draw_rounds(session, ids, rollout_fn, success_threshold)
+    kept, advantages = session.advantages()
+    rows = torch.as_tensor(np.flatnonzero(kept), device=log_probs.device)
+    adv = torch.as_tensor(advantages, dtype=log_probs.dtype, device=log_probs.device)
+    if log_probs.dim() == 1:
+        kept_logps, kept_mask = log_probs[rows].unsqueeze(1), None
+        mode = "seq-mean-token-sum" if mode is None else mode
+    else:
+        kept_logps, kept_mask = log_probs[rows], None if mask is None else mask[rows]
+        mode = "token-mean" if mode is None else mode
+    if kept_mask is None:
+        kept_mask = torch.ones_like(kept_logps)
+    # policy_gradient_loss is aggregate_loss(-A[:, None] * log_probs, mask, mode).
+    loss = sera_opt.policy_gradient_loss(kept_logps, adv[rows], kept_mask, mode)
+    if planner is not None:
+        planner.observe(ids[result.prompt_index].tolist(), rewards)
+    return RoundStepOutput(loss=loss, advantages=adv, rewards=rewards,
+                           prompt_index=result.prompt_index, round_index=result.round_index,
+                           result=result, kept=kept)

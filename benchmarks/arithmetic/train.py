@@ -305,9 +305,14 @@ def train_maxrl(model, tokenizer, cfg: ExperimentConfig, train, test, policy: st
     torch = _torch()
     tracker = sera_opt.SuccessTracker(decay=cfg.tracker_decay, num_prompts=cfg.num_train)
     spec = _harness.parse_arm(policy)
-    allocation = spec.build(
-        min_rollouts=cfg.min_rollouts, max_rollouts=cfg.max_rollouts, offset=cfg.offset)
-    planner = sera_opt.RolloutPlanner(allocation, tracker=tracker)
+    if spec.is_reinforce_ada:
+        # The peer draws by its own rule; the planner only keeps the tracker's estimates.
+        rule, cap = spec.build_rule(num_prompts=cfg.prompts_per_step, budget=cfg.budget)
+        planner = sera_opt.RolloutPlanner(tracker=tracker)
+    else:
+        allocation = spec.build(
+            min_rollouts=cfg.min_rollouts, max_rollouts=cfg.max_rollouts, offset=cfg.offset)
+        planner = sera_opt.RolloutPlanner(allocation, tracker=tracker)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.rl_lr)
     # the prompt order depends on the seed only, so every policy sees the same batches
     order_rng = np.random.default_rng([seed, 23])
@@ -341,13 +346,27 @@ def train_maxrl(model, tokenizer, cfg: ExperimentConfig, train, test, policy: st
 
         # the estimates the plan is made from, before this step's outcomes are observed
         planned_probs = np.asarray(tracker.estimate(prompt_ids.tolist()), dtype=np.float64)
-        round_index = None
-        if spec.rounds > 1:
+        round_index, kept = None, None
+
+        def sample(rows):
+            return sample_and_verify(model, tokenizer, train, rows, rollout_gen, cfg, device)
+
+        if spec.is_reinforce_ada:
+            # Its rounds, its kept group per prompt and its update r - (pool rate).
+            session = rule.start_rounds(budget=cap, num_prompts=len(prompt_ids))
+            prompts, completions, rewards, result = _sample_in_rounds(session, prompt_ids,
+                                                                      sample)
+            counts, prompt_index = result.counts, result.prompt_index
+            planner.observe(prompt_ids[prompt_index].tolist(), rewards)
+            kept, ada = session.advantages()
+            min_factor = float("nan")
+            curves.setdefault("rounds", []).append(
+                {"rounds": result.rounds, "round_budgets": list(result.round_budgets),
+                 "active_fraction": result.active_fraction.tolist()})
+        elif spec.rounds > 1:
             # One generation call per round; the session feeds the tracker at the end.
             prompts, completions, rewards, result = _sample_in_rounds(
-                spec.start_rounds(planner, prompt_ids, cfg.budget), prompt_ids,
-                lambda rows: sample_and_verify(model, tokenizer, train, rows, rollout_gen,
-                                               cfg, device))
+                spec.start_rounds(planner, prompt_ids, cfg.budget), prompt_ids, sample)
             counts, prompt_index = result.counts, result.prompt_index
             round_index = torch.as_tensor(np.array(result.round_index), device=device)
             min_factor = float(result.factors.min())
@@ -366,10 +385,13 @@ def train_maxrl(model, tokenizer, cfg: ExperimentConfig, train, test, policy: st
 
         rewards_t = torch.as_tensor(rewards, dtype=torch.float32, device=device)
         index_t = torch.as_tensor(np.array(prompt_index), dtype=torch.long, device=device)
-        advantages = sera_opt.maxrl_advantages(
-            rewards_t, index_t, estimator=cfg.estimator,
-            multiplicity_correction=cfg.multiplicity_correction, round_index=round_index,
-        )
+        if kept is None:
+            advantages = sera_opt.maxrl_advantages(
+                rewards_t, index_t, estimator=cfg.estimator,
+                multiplicity_correction=cfg.multiplicity_correction, round_index=round_index,
+            )
+        else:
+            advantages = torch.as_tensor(ada, dtype=torch.float32, device=device)
         # the batch's own view (posterior mean from this step's rollouts) and the view of the
         # estimates the allocation was planned with
         diag = sera_opt.advantage_diagnostics(
@@ -388,6 +410,10 @@ def train_maxrl(model, tokenizer, cfg: ExperimentConfig, train, test, policy: st
             logp = completion_logprobs(model, prompts[active], completions[active])
             per_token_loss = per_token_loss.index_put(
                 (active,), -advantages[active].detach().unsqueeze(1) * logp)
+        if kept is not None:
+            # the peer's update is over its kept group only
+            rows = torch.as_tensor(np.flatnonzero(kept), device=device)
+            per_token_loss, mask = per_token_loss[rows], mask[rows]
         loss = sera_opt.aggregate_loss(per_token_loss, mask, cfg.loss_mode)
         optimizer.zero_grad(set_to_none=True)
         if loss.requires_grad:

@@ -279,10 +279,13 @@ def _planner(arm: str, config: MazeConfig):
     the policy with the configuration's bounds and offset, and a fresh tracker."""
     import sera_opt
 
-    policy = _harness.parse_arm(arm).build(min_rollouts=config.min_rollouts,
-                                           max_rollouts=config.max_rollouts,
-                                           offset=config.offset)
+    spec = _harness.parse_arm(arm)
     tracker = sera_opt.SuccessTracker(decay=config.tracker_decay)
+    if spec.is_reinforce_ada:
+        # The peer draws by its own rule; the planner only keeps the tracker's estimates.
+        return sera_opt.RolloutPlanner(tracker=tracker)
+    policy = spec.build(min_rollouts=config.min_rollouts, max_rollouts=config.max_rollouts,
+                        offset=config.offset)
     return sera_opt.RolloutPlanner(policy, tracker=tracker)
 
 
@@ -297,7 +300,9 @@ def train_arm(policy, planner, train: MazeBatch, test: MazeBatch, config: MazeCo
     successes. An arm in rounds (``spec.rounds > 1``) takes
     :func:`~sera_opt.integrations.torch_loop.maxrl_round_step` instead: one walk per
     round, the first-round baseline, and the session's expected scales as the planned
-    diagnostics.
+    diagnostics. The Reinforce-Ada peer (``spec.is_reinforce_ada``) takes
+    :func:`~sera_opt.integrations.torch_loop.reinforce_ada_step`: its rounds, its kept
+    group and its update; the planner's tracker observes every rollout.
     """
     import torch
 
@@ -322,7 +327,13 @@ def train_arm(policy, planner, train: MazeBatch, test: MazeBatch, config: MazeCo
         ids = rng.choice(train.num_mazes, size=config.mazes_per_step, replace=False)
         # The estimates the planner allocates from, read before the step observes.
         estimates = np.asarray(planner.tracker.estimate(ids.tolist()), dtype=np.float64)
-        if spec is not None and spec.rounds > 1:
+        in_rounds = spec is not None and (spec.rounds > 1 or spec.is_reinforce_ada)
+        if spec is not None and spec.is_reinforce_ada:
+            rule, cap = spec.build_rule(num_prompts=config.mazes_per_step, budget=config.budget)
+            out = torch_loop.reinforce_ada_step(rule, ids, walk, budget=cap,
+                                                mode=config.loss_mode, planner=planner)
+            prompt_index = out.prompt_index
+        elif in_rounds:
             out = torch_loop.maxrl_round_step(
                 planner, ids, config.budget, walk, rounds=spec.rounds, first=spec.first,
                 mode=config.loss_mode, estimator=config.estimator,
@@ -337,7 +348,7 @@ def train_arm(policy, planner, train: MazeBatch, test: MazeBatch, config: MazeCo
         out.loss.backward()
         optimizer.step()
         rewards = out.rewards.cpu().numpy()
-        counts = out.counts if spec is not None and spec.rounds > 1 else out.plan.counts
+        counts = out.counts if in_rounds else out.plan.counts
         per_maze = np.bincount(prompt_index, weights=rewards,
                                minlength=len(counts)) / counts
         curves["success_rate"].append(float(rewards.mean()))
@@ -347,7 +358,7 @@ def train_arm(policy, planner, train: MazeBatch, test: MazeBatch, config: MazeCo
         curves["counts_at_min_fraction"].append(float(np.mean(counts == config.min_rollouts)))
         curves["loss"].append(float(out.loss.detach()))
         index_t = torch.as_tensor(np.array(prompt_index), device=out.rewards.device)
-        if spec is not None and spec.rounds > 1:
+        if in_rounds:
             curves["diagnostics"].append({k: float(v) for k, v in sera_opt.advantage_diagnostics(
                 out.rewards, index_t, estimator=config.estimator,
                 multiplicity_correction=config.multiplicity_correction).items()})
