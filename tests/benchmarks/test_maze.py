@@ -671,3 +671,37 @@ def test_every_arm_takes_rounds_and_a_first_round():
     with pytest.raises(_harness.ArmSpecError, match="first round needs"):
         _harness.check_arms("uniform:rounds=2:first=9", min_rollouts=2, max_rollouts=32,
                             offset=1, num_prompts=4, budget=32)
+
+
+def test_reinforce_ada_is_an_arm_with_its_own_options_and_a_matched_budget():
+    spec = _harness.parse_arm("reinforce-ada:matched=True")
+    assert spec.is_reinforce_ada and spec.kwargs == {"matched": True}
+    rule, cap = spec.build_rule(num_prompts=32, budget=256)
+    # the paper's 4 rounds shrunk to the budget: 256 // (32 * 4) = 2 per active prompt
+    assert (rule.per_round, rule.max_rounds, rule.keep, rule.exit, cap) == (2, 4, 4, "balanced", 256)
+    rule, cap = _harness.parse_arm("reinforce-ada").build_rule(num_prompts=32, budget=256)
+    assert (rule.per_round, cap) == (8, None)
+    rule, _ = _harness.parse_arm("reinforce-ada:matched=True:per_round=3:exit='positive'") \
+        .build_rule(num_prompts=32, budget=256)
+    assert (rule.per_round, rule.exit) == (3, "positive")
+    assert _harness.parse_arm("reinforce-ada:matched=True:max_rounds=2").build_rule(
+        num_prompts=32, budget=256)[0].per_round == 4
+    assert len(_harness.parse_arms("uniform,reinforce-ada,reinforce-ada:matched=True")) == 3
+    for bad, match in [("reinforce-ada:rounds=4", "its own rule"),
+                       ("reinforce-ada:alpha=1", "its own rule"),
+                       ("reinforce-ada:min_rollouts=2", "its own rule")]:
+        with pytest.raises(_harness.ArmSpecError, match=match):
+            _harness.parse_arm(bad)
+    for bad, match in [("reinforce-ada:matched=1", "True or False"),
+                       ("reinforce-ada:exit='sometimes'", "exit must be one of"),
+                       ("reinforce-ada:keep=1", "keep")]:
+        with pytest.raises(_harness.ArmSpecError, match=match):
+            _harness.parse_arm(bad).build_rule(num_prompts=4, budget=32)
+    with pytest.raises(_harness.ArmSpecError, match="build_rule"):
+        spec.build(min_rollouts=2, max_rollouts=32, offset=1)
+    with pytest.raises(_harness.ArmSpecError, match="allocation policy; use build"):
+        _harness.parse_arm("uniform").build_rule(num_prompts=4, budget=32)
+    # check_arms builds the rule and opens a session before anything trains
+    specs = _harness.check_arms("uniform,reinforce-ada:matched=True", min_rollouts=2,
+                                max_rollouts=32, offset=1, num_prompts=4, budget=32)
+    assert [s.label for s in specs] == ["uniform", "reinforce-ada:matched=True"]

@@ -71,3 +71,22 @@ def test_the_rounds_rule_needs_every_configuration_and_a_significant_gain():
             for i, name in enumerate(rd.CONFIGURATIONS)}
     assert rd.verdict(flat)["choice"] is None
     assert flat["maze default"]["rounds"]["uniform:rounds=4"]["active"] == pytest.approx([0.2, 0.1])
+
+
+def test_round_summary_pads_rules_that_stop_early():
+    from sera_opt.benchmarks import rounds_decision as rd
+
+    # a rule with exits: one step used 2 rounds, the other 3; no expected scales
+    steps = [{"rounds": 2.0, "round_0_budget": 8.0, "round_0_active": 0.5,
+              "round_1_budget": 4.0, "round_1_active": 0.0},
+             {"rounds": 3.0, "round_0_budget": 8.0, "round_0_active": 0.75,
+              "round_1_budget": 6.0, "round_1_active": 0.5,
+              "round_2_budget": 4.0, "round_2_active": 0.25}]
+    out = rd._round_summary([steps])
+    assert out["budgets"] == pytest.approx([8.0, 5.0, 2.0])
+    assert out["active"] == pytest.approx([0.625, 0.25, 0.125])
+    assert out["rollouts_per_step"] == pytest.approx(15.0)
+    assert "mean_scale" not in out
+    # arithmetic's record has the lists themselves
+    lists = [{"round_budgets": [8, 4], "active_fraction": [0.5, 0.0]}]
+    assert rd._round_summary([lists])["rollouts_per_step"] == 12

@@ -430,3 +430,46 @@ def test_maxrl_round_step_samples_each_round_once_at_the_fixed_budget():
     diag = out.diagnostics()
     assert diag["rounds"] == 3 and 0 <= diag["min_scale"] <= diag["mean_scale"] <= 1
     assert diag["round_0_budget"] == 48 and "round_2_active" in diag
+
+
+def test_reinforce_ada_step_trains_on_its_kept_group_with_the_pool_rate():
+    from sera_opt.integrations.torch_loop import reinforce_ada_step
+    from sera_opt.rounds import ReinforceAda
+
+    rng = np.random.default_rng(1)
+    probs = rng.uniform(0.05, 0.95, 10)
+    logits = torch.zeros(10, requires_grad=True)
+    calls = []
+
+    def rollout(plan):
+        calls.append(plan.counts.copy())
+        rows = torch.as_tensor(plan.row_prompt_ids)
+        rewards = rng.random(plan.budget) < probs[plan.row_prompt_ids]
+        return torch.nn.functional.logsigmoid(logits[rows]), rewards
+
+    planner = sera_opt.RolloutPlanner()
+    out = reinforce_ada_step(ReinforceAda(), np.arange(10), rollout, planner=planner)
+    assert len(calls) == out.result.rounds <= 4
+    assert all(set(np.unique(c)) <= {0, 8} for c in calls)  # rounds of 8 per active prompt
+    kept = out.kept
+    # at most 4 kept per prompt, and the update is r - (the prompt's pool rate) on them only
+    assert np.bincount(out.prompt_index[kept], minlength=10).max() <= 4
+    r = out.rewards.numpy()
+    rate = np.bincount(out.prompt_index, weights=r, minlength=10) / out.counts
+    want = np.where(kept, r - rate[out.prompt_index], 0.0)
+    np.testing.assert_allclose(out.advantages.numpy(), want, atol=1e-6)
+    out.loss.backward()
+    # seq-mean-token-sum over the kept rows: -mean_kept(A * log sigmoid(theta))
+    theta = logits.detach().clone().requires_grad_(True)
+    rows = torch.as_tensor(out.prompt_index[kept])
+    ref = -(torch.as_tensor(want[kept], dtype=torch.float32)
+            * torch.nn.functional.logsigmoid(theta[rows])).mean()
+    ref.backward()
+    torch.testing.assert_close(logits.grad, theta.grad)
+    # the planner's tracker saw every rollout drawn, once
+    s, f = planner.tracker.evidence(np.arange(10))
+    np.testing.assert_array_equal(s + f, out.counts)
+    assert "mean_scale" not in out.diagnostics()  # the rule has no MaxRL scale
+    # capped at a budget: never more than it
+    capped = reinforce_ada_step(ReinforceAda(per_round=2), np.arange(10), rollout, budget=50)
+    assert capped.counts.sum() <= 50 and capped.kept.sum() <= 40
