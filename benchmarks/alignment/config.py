@@ -48,12 +48,18 @@ class AlignmentConfig:
     hidden: int = 64
     temperature: float = 0.5
     seed: int = 0
+    # Allocation in rounds within a step (arms with ``:rounds=R``), on the tracker's
+    # posteriors updated round by round and on the true p. Their counts depend on the
+    # rewards, so the expected estimator is a simulation: ``round_sessions`` sessions per
+    # batch and budget (THEORY.md section 9: kappa_i = P(K_i >= 1) - c p_i (1-p_i)^(n0-1)).
+    round_arms: tuple[str, ...] = ("uniform:rounds=4", "sera-fair:alpha=1:rounds=4")
+    round_sessions: int = 128
 
 
 FULL = AlignmentConfig()
 
 
-QUICK = replace(FULL, num_batches=2, draws=8)
+QUICK = replace(FULL, num_batches=2, draws=8, round_sessions=32)
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,15 @@ class Method:
     @property
     def estimator(self) -> str:
         return ESTIMATORS[self.offset]
+
+    @property
+    def arm(self) -> _harness.ArmSpec:
+        return _harness.parse_arm(self.policy)
+
+    @property
+    def in_rounds(self) -> bool:
+        """Whether the method samples a step in rounds (``:rounds=R``, R >= 2)."""
+        return self.policy != "uniform" and self.arm.rounds > 1
 
     @property
     def key(self) -> str:
@@ -99,6 +114,18 @@ def build_methods(config: AlignmentConfig, available: tuple[str, ...]) -> tuple[
                          f"sera_opt; {name!r} skipped.")
         else:
             peers.append(_harness.parse_arm(name, available=available).label)
+    rounds = []
+    for name in dict.fromkeys(config.round_arms):
+        if _harness.arm_policy_name(name) not in available:
+            notes.append(f"policy {_harness.arm_policy_name(name)!r} is not registered in this "
+                         f"sera_opt; round arm {name!r} skipped.")
+            continue
+        spec = _harness.parse_arm(name, available=available)
+        if spec.rounds < 2 or spec.is_reinforce_ada:
+            raise sera_opt.SeraOptError(
+                f"round arm {name!r} must be a policy with rounds=R (R >= 2), such as "
+                "'uniform:rounds=4'; static arms go in peers.")
+        rounds.append(spec.label)
     for c in config.offsets:
         # Uniform counts are all equal, so the correction (nbar / n_i = 1) changes nothing.
         methods.append(Method("uniform", "none", c, True))
@@ -110,6 +137,11 @@ def build_methods(config: AlignmentConfig, available: tuple[str, ...]) -> tuple[
         for name in peers:
             for corr in (True, False):
                 methods.append(Method(name, "tracker", c, corr))
+        # In rounds: the counts are the rewards' doing, so only the corrected estimator
+        # (the one whose per-prompt weight does not follow them).
+        for name in rounds:
+            for source in ("tracker", "true"):
+                methods.append(Method(name, source, c, True))
     return methods, notes
 
 

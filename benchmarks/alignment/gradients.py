@@ -31,6 +31,7 @@ class Setting:
     tracker_posterior: tuple[np.ndarray, np.ndarray] | None  # Beta (alpha, beta) per prompt
     batches: list[np.ndarray]
     timings: dict[str, float] = field(default_factory=dict)
+    tracker: Any = None  # the SuccessTracker after the earlier round (sessions in rounds)
 
 
 def prepare(config: AlignmentConfig) -> Setting:
@@ -75,7 +76,7 @@ def prepare(config: AlignmentConfig) -> Setting:
         posterior = (np.asarray(alpha, dtype=np.float64), np.asarray(beta, dtype=np.float64))
     timings["tracker_s"] = time.perf_counter() - start
     return Setting(inputs, labels, policies, p_now, p_then, estimates, posterior, batches,
-                   timings)
+                   timings, tracker)
 
 
 def make_policy(spec: str, *, min_rollouts: int, max_rollouts: int | None, offset: int):
@@ -164,14 +165,20 @@ class BatchGradients:
 
     def sampled(self, rng: np.random.Generator, counts: np.ndarray, method: Method) -> np.ndarray:
         """One draw of the batch gradient that a trainer would follow (ascent direction)."""
-
-        torch = self._torch
         prompt_index, sampled = sample_rollouts(rng, self.label_probs, counts)
+        return self.gradient_of(prompt_index, sampled, method)
+
+    def gradient_of(self, prompt_index: np.ndarray, sampled: np.ndarray, method: Method,
+                    round_index: np.ndarray | None = None) -> np.ndarray:
+        """The ascent direction of the MaxRL loss on these rollouts (labels ``sampled``
+        of prompts ``prompt_index``; ``round_index`` for a step in rounds)."""
+        torch = self._torch
         rewards = (sampled == self.labels[prompt_index]).astype(np.float64)
         index_t = torch.as_tensor(prompt_index)
         advantages = sera_opt.maxrl_advantages(
             torch.as_tensor(rewards), index_t, estimator=method.estimator,
             multiplicity_correction=method.multiplicity_correction,
+            round_index=None if round_index is None else torch.as_tensor(round_index),
         )
         logp = self.log_probs[index_t, torch.as_tensor(sampled)]
         # One token per rollout (the label): the policy-gradient loss per token.

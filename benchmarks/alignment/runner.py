@@ -23,7 +23,16 @@ mean-centred): uniform MaxRL; SERA fed the true ``p`` and SERA fed the
 posterior means of a :class:`sera_opt.SuccessTracker` that saw a few rollouts
 per prompt from an earlier checkpoint, each with and without the multiplicity
 correction; and the peers' policies (fed the tracker's estimates) when they are
-registered. All policies get the same bounds: ``1 + c <= n_i <= max_ratio * nbar``.
+registered; and the arms in rounds (``round_arms``, e.g. ``uniform:rounds=4``) on
+the tracker's posteriors updated round by round and on the true ``p``, corrected.
+All policies get the same bounds: ``1 + c <= n_i <= max_ratio * nbar``.
+
+A step in rounds has counts that depend on its rewards, so its expected estimator
+is simulated: ``round_sessions`` sessions per batch and budget give ``kappa_i =
+P(K_i >= 1) - c p_i (1 - p_i)^(n0_i - 1)`` (THEORY.md section 9) as the fraction
+of sessions in which prompt i drew a success, and the expected estimator is
+``(1/M) sum_i kappa_i grad log p_i``; its sampled estimators are the first
+``draws`` of those sessions, with the first-round baseline at ``c = 1``.
 A peer is a policy name or a specification with options, such as
 ``sera-fair:alpha=1`` (see :func:`sera_opt.benchmarks._harness.parse_arm`).
 
@@ -56,6 +65,7 @@ from .gradients import (
     hopeless_prompts,
     make_policy,
     prepare,
+    sample_rollouts,
     stream,
 )
 
@@ -178,6 +188,7 @@ def _score_all(config: AlignmentConfig, setting, methods, rows, failures, *, sam
     steps = [(b_idx, budget) for b_idx in range(len(setting.batches)) for budget in config.budgets]
     gradients_s = 0.0
     allocate_s = 0.0
+    rounds_s = 0.0
     for b_idx, nbar in _harness.progress(steps, desc="alignment", total=len(steps),
                                          enabled=show_progress):
         batch = setting.batches[b_idx]
@@ -185,6 +196,14 @@ def _score_all(config: AlignmentConfig, setting, methods, rows, failures, *, sam
                                setting.labels[batch])
         for method in methods:
             t0 = time.perf_counter()
+            if method.in_rounds:
+                try:
+                    _score_rounds(config, setting, method, policy_cache, b_idx, grads, nbar,
+                                  rows[method.key][nbar], sampled=sampled)
+                except sera_opt.SeraOptError as exc:
+                    failures.setdefault(method.key, {})[nbar] = str(exc)
+                rounds_s += time.perf_counter() - t0
+                continue
             try:
                 counts = _allocate(config, setting, method, policy_cache, batch,
                                    grads.success_probs, nbar)
@@ -198,18 +217,23 @@ def _score_all(config: AlignmentConfig, setting, methods, rows, failures, *, sam
             gradients_s += time.perf_counter() - t0
     setting.timings["allocate_s"] = allocate_s
     setting.timings["gradients_s"] = gradients_s
+    setting.timings["rounds_s"] = rounds_s
 
 
-def _allocate(config: AlignmentConfig, setting, method, policy_cache: dict, batch,
-              p_true: np.ndarray, nbar: int) -> np.ndarray:
-    """The method's counts for one batch at ``nbar`` rollouts per prompt."""
+def _policy(config: AlignmentConfig, method, policy_cache: dict, nbar: int):
     lo = 1 + method.offset
     hi = max(config.max_ratio * nbar, lo) if method.capped else None
     cache_key = (method.policy, method.offset, lo, hi)
     if cache_key not in policy_cache:
         policy_cache[cache_key] = make_policy(method.policy, min_rollouts=lo, max_rollouts=hi,
                                               offset=method.offset)
-    policy = policy_cache[cache_key]
+    return policy_cache[cache_key]
+
+
+def _allocate(config: AlignmentConfig, setting, method, policy_cache: dict, batch,
+              p_true: np.ndarray, nbar: int) -> np.ndarray:
+    """The method's counts for one batch at ``nbar`` rollouts per prompt."""
+    policy = _policy(config, method, policy_cache, nbar)
     budget = nbar * batch.shape[0]
     if (method.source == "tracker" and setting.tracker_posterior is not None
             and "posterior" in policy.extra_inputs):
@@ -243,6 +267,86 @@ def _score(config: AlignmentConfig, grads, method, counts: np.ndarray, b_idx: in
         rng = stream(config, "draws", b_idx, nbar, method.key)
         draws = [alignment_scores(grads.sampled(rng, counts, method), grads.exact)
                  for _ in range(config.draws)]
+        row["sampled"].extend(draws)
+        row["sampled_batch_cosine"].append(float(np.mean([d["cosine"] for d in draws])))
+
+
+def _score_rounds(config: AlignmentConfig, setting, method, policy_cache: dict, b_idx: int,
+                  grads, nbar: int, row: dict[str, list], *, sampled: bool) -> None:
+    """A method in rounds on one batch: ``config.round_sessions`` simulated steps.
+
+    Each session samples labels round by round (the tracker's posteriors, or the true p,
+    decide each round from the earlier ones). The expected estimator's coefficient of
+    ``grad log p_i`` is ``kappa_i / M`` (multiplicity-corrected), with ``kappa_i =
+    P(K_i >= 1) - c p_i (1 - p_i)^(n0_i - 1)`` (THEORY.md section 9; the first round
+    ``n0_i`` is fixed before sampling), and ``P(K_i >= 1)`` is the fraction of sessions
+    in which prompt i drew a success: unbiased, with a standard error below
+    ``0.5 / sqrt(round_sessions)``. The first ``draws`` sessions also give the sampled
+    gradients (first-round baseline at c = 1).
+    """
+    arm = method.arm
+    policy = _policy(config, method, policy_cache, nbar)
+    batch = setting.batches[b_idx]
+    p_true = grads.success_probs
+    m = p_true.shape[0]
+    budget = nbar * m
+    planner = None
+    if method.source == "tracker":
+        planner = sera_opt.RolloutPlanner(policy, tracker=setting.tracker)
+    rng = stream(config, "rounds", b_idx, nbar, method.key)
+    hits = np.zeros(m)
+    first = None
+    counts_seen, at_min, top5, draws = [], [], [], []
+    lo = 1 + method.offset
+    for s in range(config.round_sessions):
+        if planner is not None:
+            # observe=False: the tracker is the earlier round's, the same for every session
+            session = planner.start_rounds(batch, budget, rounds=arm.rounds, first=arm.first,
+                                           observe=False)
+        else:
+            session = policy.start_rounds(p_true, budget, rounds=arm.rounds, first=arm.first)
+        labels, index, rounds = [], [], []
+        totals, successes = np.zeros(m, dtype=np.int64), np.zeros(m)
+        while not session.done:
+            counts = session.next_round()
+            prompt_index, drawn = sample_rollouts(rng, grads.label_probs, counts)
+            rewards = (drawn == grads.labels[prompt_index]).astype(np.float64)
+            session.record(rewards)
+            if not rounds:
+                first = counts  # the first round is fixed before sampling: the same each time
+            totals += counts
+            successes += np.bincount(prompt_index, weights=rewards, minlength=m)
+            labels.append(drawn)
+            index.append(prompt_index)
+            rounds.append(np.full(prompt_index.shape[0], len(rounds), dtype=np.int64))
+        # (session.result() is not needed: the rows are the ones drawn here; its factors,
+        # the session's own approximation of kappa, are not used)
+        hits += successes >= 1
+        counts_seen.append(int(totals.max()))
+        at_min.append(float((totals == lo).mean()))
+        top5.append(float(np.sort(totals)[-5:].sum() / budget))
+        if sampled and s < config.draws:
+            estimate = grads.gradient_of(np.concatenate(index), np.concatenate(labels), method,
+                                         np.concatenate(rounds))
+            draws.append(alignment_scores(estimate, grads.exact))
+    if int(first.sum()) == budget:
+        # the first round took the whole budget (at c = 1 with two rollouts a prompt): a
+        # static allocation, whose scale is exact
+        kappa = sera_opt.attenuation(p_true, first, method.offset)
+    else:
+        kappa = hits / config.round_sessions
+        if method.offset == 1:
+            kappa = kappa - p_true * (1.0 - p_true) ** (first - 1)
+    coef = kappa / m
+    row["expected"].append(alignment_scores(grads.weighted(coef), grads.exact))
+    row["batch"].append(b_idx)
+    row["min_factor"].append(float(kappa.min()))
+    row["weight_cv"].append(float(kappa.std() / kappa.mean()) if kappa.mean() > 0
+                            else float("inf"))
+    row["max_count"].append(max(counts_seen))
+    row["fraction_at_min"].append(float(np.mean(at_min)))
+    row["top5_share"].append(float(np.mean(top5)))
+    if sampled:
         row["sampled"].extend(draws)
         row["sampled_batch_cosine"].append(float(np.mean([d["cosine"] for d in draws])))
 

@@ -374,7 +374,9 @@ def test_run_is_reproducible_and_well_formed():
     # NaN (the undefined one-batch intervals) compared as what the JSON writes, null
     assert _harness._jsonable(first["results"]) == _harness._jsonable(second["results"])
     keys = {e["method"] for e in first["results"]}
-    assert {"uniform c=0", "sera/tracker/corrected c=0", "sera/true/corrected c=1"} <= keys
+    assert {"uniform c=0", "sera/tracker/corrected c=0", "sera/true/corrected c=1",
+            "uniform:rounds=4/tracker/corrected c=1",
+            "sera-fair:alpha=1:rounds=4/true/corrected c=0"} <= keys
     for entry in first["results"]:
         assert -1.0 <= entry["expected_cosine"] <= 1.0 + 1e-12
         assert entry["draws"] == TINY.draws
@@ -382,10 +384,13 @@ def test_run_is_reproducible_and_well_formed():
         assert np.isnan(entry["expected_cosine_interval"]["ci_low"])
         assert "batch" in entry["expected_cosine_interval"]["note"]
         assert entry["sampled_cosine"]["std"] >= 0
-        assert 0 <= entry["min_factor"] <= 1
-    # at the budget of two rollouts a prompt with c=1, every policy is uniform
+        # in rounds kappa is a Monte Carlo estimate: a hopeless prompt's can dip below 0
+        assert (-0.05 if ":rounds=" in entry["method"] else 0) <= entry["min_factor"] <= 1
+    # at the budget of two rollouts a prompt with c=1, every policy is uniform (in rounds
+    # too: the first round takes the whole budget)
     c1 = [e for e in first["results"] if e["offset"] == 1 and e["budget_per_prompt"] == 2]
     assert len({round(e["expected_cosine"], 12) for e in c1}) == 1
+    assert sum(":rounds=" in e["method"] for e in c1) == 4
     assert sum(first["success_probs"]["true_histogram"]) == TINY.batch_size
     # peers not registered yet are reported, not silently dropped
     import sera_opt
@@ -444,3 +449,52 @@ def test_cli_dispatches_demo(tmp_path, capsys):
             "--no-progress", "--expected-only"]
     assert main(argv) == 0
     assert "SERA(tracker)" in capsys.readouterr().out
+
+
+def _rounds_gradients(config, setting, grads, offset):
+    """``_score_rounds`` of ``uniform:rounds=4`` on the true p, with the sampled gradients
+    and the expected one it computed."""
+    method = al_config.Method("uniform:rounds=4", "true", offset, True)
+    sampled, expected = [], []
+    gradient_of, weighted = grads.gradient_of, grads.weighted
+
+    def keep_sampled(*args, **kwargs):
+        sampled.append(gradient_of(*args, **kwargs))
+        return sampled[-1]
+
+    def keep_expected(coefficients):
+        expected.append(weighted(coefficients))
+        return expected[-1]
+
+    grads.gradient_of, grads.weighted = keep_sampled, keep_expected
+    try:
+        runner._score_rounds(config, setting, method, {}, 0, grads, 4, runner._empty_row(),
+                             sampled=True)
+    finally:
+        grads.gradient_of, grads.weighted = gradient_of, weighted
+    return sampled, expected
+
+
+def test_rounds_expected_estimator_is_the_mean_of_its_sampled_draws():
+    """In rounds the expected estimator is simulated (kappa_i from the sessions' success
+    indicators and, at c = 1, the first-round term); it must be the mean of the sampled
+    gradients, which use no kappa, within their Monte Carlo error."""
+    config = replace(al_config.QUICK, budgets=(4,), batch_size=32, num_batches=1,
+                     draws=600, round_sessions=600, peers=(), offsets=(0, 1),
+                     round_arms=("uniform:rounds=4",))
+    setting = runner.prepare(config)
+    batch = setting.batches[0]
+    grads = gradients.BatchGradients(setting.policies.current, setting.inputs[batch],
+                                     setting.labels[batch])
+    for c in (0, 1):
+        sampled, expected = _rounds_gradients(config, setting, grads, c)
+        draws = np.array(sampled)
+        # E|mean - E g|^2 = trace(cov) / n for the draws' mean
+        se = np.sqrt(draws.var(axis=0, ddof=1).sum() / draws.shape[0])
+        gap = np.linalg.norm(draws.mean(axis=0) - expected[0])
+        assert gap < 2.0 * se, (c, gap, se)
+        # and the scale is not vacuous: the first-round term alone moves it by several se
+        if c == 1:
+            p = grads.success_probs
+            term = grads.weighted(p * (1 - p) ** (2 - 1) / p.shape[0])
+            assert np.linalg.norm(term) > 4 * se
