@@ -373,3 +373,27 @@ def test_quick_preset_end_to_end(tmp_path, capsys):
             kk = int(k.split("@")[1])
             assert cell["mean"] == pytest.approx(diff[kk - 1], abs=1e-15)
             assert cell["ci_low"] is None and cell["p_value"] is None and cell["note"]
+
+
+def test_round_and_reinforce_ada_arms_train_with_their_budgets():
+    arms = ("uniform", "uniform:rounds=3", "reinforce-ada:matched=True", "reinforce-ada")
+    cfg = _tiny(policies=arms, seeds=1)
+    out = arithmetic.run_experiment(cfg, seed=2, show_progress=False)
+    (run,) = out["runs"]
+    budget = cfg.budget  # 8 prompts x 8
+    for arm in arms:
+        curves = run["policies"][arm]["curves"]
+        assert len(curves["loss"]) == cfg.rl_steps and np.isfinite(curves["loss"]).all(), arm
+        spent = [row["num_rollouts"] for row in curves["diagnostics"]]
+        if arm.startswith("uniform"):
+            assert spent == [budget] * cfg.rl_steps  # a fixed budget, in rounds too
+        elif arm == "reinforce-ada:matched=True":
+            # rounds of 64 // (8 * 4) = 2 per active prompt, never above the budget
+            assert all(n <= budget for n in spent)
+            for step in curves["rounds"]:
+                assert step["round_budgets"][0] == 16 and sum(step["round_budgets"]) <= budget
+        else:  # its own budget: rounds of 8, up to 32 per prompt
+            assert all(step["round_budgets"][0] == 64 for step in curves["rounds"])
+            assert all(n <= 32 * 8 for n in spent)
+    assert "mean_scale" in run["policies"]["uniform:rounds=3"]["curves"]["rounds"][0]
+    assert "mean_scale" not in run["policies"]["reinforce-ada"]["curves"]["rounds"][0]

@@ -705,3 +705,23 @@ def test_reinforce_ada_is_an_arm_with_its_own_options_and_a_matched_budget():
     specs = _harness.check_arms("uniform,reinforce-ada:matched=True", min_rollouts=2,
                                 max_rollouts=32, offset=1, num_prompts=4, budget=32)
     assert [s.label for s in specs] == ["uniform", "reinforce-ada:matched=True"]
+
+
+def test_reinforce_ada_arms_train_in_the_maze(tmp_path):
+    import json
+
+    from sera_opt.benchmarks import maze
+
+    arms = "uniform,reinforce-ada:matched=True,reinforce-ada"
+    assert maze.main(["--quick", "--arms", arms, "--steps", "3", "--seeds", "1", "--out",
+                      str(tmp_path), "--workers", "1", "--no-progress"]) == 0
+    runs = {r["arm"]: r for r in json.loads((tmp_path / "maze.json").read_text())["runs"]}
+    budget = 16 * 8  # the quick preset: 16 mazes a step, 8 rollouts each on average
+    matched = runs["reinforce-ada:matched=True"]["curves"]["rounds"]
+    own = runs["reinforce-ada"]["curves"]["rounds"]
+    assert len(matched) == len(own) == 3
+    for step in matched:  # rounds of 128 // (16 * 4) = 2, never above the budget
+        assert step["round_0_budget"] == 32 and sum(
+            step[f"round_{r}_budget"] for r in range(int(step["rounds"]))) <= budget
+        assert "mean_scale" not in step
+    assert all(step["round_0_budget"] == 16 * 8 for step in own)  # rounds of 8 per maze
