@@ -321,15 +321,16 @@ def train_arm(policy, planner, train: MazeBatch, test: MazeBatch, config: MazeCo
         log_probs, mask, success, _ = rollout(policy, env, generator)
         return log_probs, success.to(torch.float32), mask
 
+    in_rounds = spec is not None and (spec.rounds > 1 or spec.is_reinforce_ada)
+    rule, cap = (spec.build_rule(num_prompts=config.mazes_per_step, budget=config.budget)
+                 if spec is not None and spec.is_reinforce_ada else (None, None))
     steps = _harness.progress(range(config.steps), desc="MaxRL steps", total=config.steps,
                               enabled=show_progress)
     for step in steps:
         ids = rng.choice(train.num_mazes, size=config.mazes_per_step, replace=False)
         # The estimates the planner allocates from, read before the step observes.
         estimates = np.asarray(planner.tracker.estimate(ids.tolist()), dtype=np.float64)
-        in_rounds = spec is not None and (spec.rounds > 1 or spec.is_reinforce_ada)
-        if spec is not None and spec.is_reinforce_ada:
-            rule, cap = spec.build_rule(num_prompts=config.mazes_per_step, budget=config.budget)
+        if rule is not None:
             out = torch_loop.reinforce_ada_step(rule, ids, walk, budget=cap,
                                                 mode=config.loss_mode, planner=planner)
             prompt_index = out.prompt_index
