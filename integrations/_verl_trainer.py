@@ -17,6 +17,15 @@ Each mode extends one of verl's (``sera_sync`` -> ``sync`` and so on) with
    and logs the diagnostics as ``sera/<name>`` metrics;
 3. saves and restores the planner with verl's checkpoints.
 
+With ``algorithm.sera_maxrl.rounds=R >= 2`` (``sera_sync`` only) the step's prompts
+are generated in R rounds instead (THEORY.md section 9, :meth:`SeraTrainerMixin.prepare_step`):
+each round submits the prompts it gives rollouts to through verl's own
+``_submit_batch_to_rollout`` (TransferQueue and the agent loop, which reads the
+round's counts from ``__rollout_n__``), waits for them with verl's replay buffer,
+reads the rewards verl's reward loop computed for them, and records them in a
+:class:`sera_opt.RoundSession` that plans the next round. The rows of all rounds
+form the step's batch, which verl's replay buffer hands to the rest of the step.
+
 verl's V1 trainer branches on ``config.trainer.v1.trainer_mode`` (replay buffer type,
 TransferQueue persistence, checkpoint contents, per-mode options under
 ``trainer.v1.<mode>``). The mixin therefore hands verl's constructor a copy of the
@@ -31,20 +40,26 @@ of :mod:`sera_opt.integrations._verl_compat`.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import os
-from collections import Counter, OrderedDict
+import uuid
+from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import torch
+import transfer_queue as tq
 from omegaconf import open_dict
+from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.trainer_base import get_trainer_cls, register_trainer
 from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
 from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils import tensordict_utils as tu
+from verl.utils.debug import marked_timer
 
 from sera_opt.exceptions import SeraOptError
 from sera_opt.integrations import _common
@@ -88,6 +103,9 @@ class SeraTrainerMixin:
         Plans every batch; checkpointed as :data:`PLANNER_STATE_FILE`.
     sera_mean_count : int
         ``actor_rollout_ref.rollout.n``, the mean count (budget per prompt).
+    sera_round_result : sera_opt.RoundResult
+        With ``rounds >= 2``: the last step's rounds (counts per round, each rollout's
+        prompt and round, rewards, expected scales). Absent before the first step.
     """
 
     #: The verl trainer mode this class extends (set by each concrete class).
@@ -106,11 +124,25 @@ class SeraTrainerMixin:
         self.sera_mean_count = int(base_config.actor_rollout_ref.rollout.n)
         self.sera_planner = sera_verl.build_planner(self.sera_options, self.sera_mean_count)
         self._sera_prompt_of_uid: OrderedDict[Any, Any] = OrderedDict()
+        # Round mode: each round's uid -> (the prompt's uid, the round), for this step's batch.
+        self._sera_round_groups: dict[str, tuple[Any, int]] = {}
+
+    @property
+    def sera_rounds(self) -> int:
+        """Generation calls per step (``algorithm.sera_maxrl.rounds``)."""
+        return self.sera_options.rounds
+
+    def _build_replay_buffer(self):
+        buffer = super()._build_replay_buffer()
+        # Called by verl's constructor, after sera_options is set.
+        return _RoundReplayBuffer(buffer) if self.sera_options.rounds > 1 else buffer
 
     # -- 1. counts -------------------------------------------------------------------
 
     def _next_train_batch(self, num_prompts: int | None = None):
         batch = super()._next_train_batch(num_prompts)
+        if self.sera_options.rounds > 1:
+            return batch  # the rounds plan their counts one round at a time (prepare_step)
         return self._sera_plan(batch)
 
     def _sera_plan(self, batch):
@@ -118,6 +150,11 @@ class SeraTrainerMixin:
         prompt_ids = sera_verl.prompt_ids_from_batch(batch, self.sera_options.prompt_key)
         counts = sera_verl.plan_rollout_counts(self.sera_planner, prompt_ids, self.sera_mean_count)
         sera_verl.assign_rollout_counts(batch, counts)
+        self._sera_remember(batch, prompt_ids)
+        return batch
+
+    def _sera_remember(self, batch, prompt_ids: list) -> list:
+        """Remember each prompt's id under its uid, for matching outcomes later; returns the uids."""
         uids = tu.get(batch, "uid")
         if uids is None or len(uids) != len(prompt_ids):
             raise SeraOptError("the V1 training batch has no per-prompt 'uid' column.")
@@ -126,17 +163,174 @@ class SeraTrainerMixin:
         limit = _UID_MEMORY_BATCHES * max(len(prompt_ids), int(self.config.data.train_batch_size))
         while len(self._sera_prompt_of_uid) > limit:
             self._sera_prompt_of_uid.popitem(last=False)
-        return batch
+        return list(uids)
+
+    # -- 1b. counts in rounds --------------------------------------------------------
+
+    def prepare_step(self) -> dict:
+        """Submit the step's prompts: in one call (verl's), or in rounds.
+
+        verl's ``step`` calls this before it samples the step's batch from the replay
+        buffer. With ``rounds >= 2`` it runs the whole round loop here, while the
+        rollout replicas are awake (the sync mode puts them to sleep once the batch is
+        sampled), and leaves the rows of all rounds with the replay buffer, whose next
+        sample returns them. Returns the rounds' diagnostics as ``sera/...`` metrics:
+        ``rounds``, ``round_<r>_budget``, ``round_<r>_active`` (the fraction of prompts
+        without a success after round r), ``mean_scale`` and ``min_scale`` (the
+        expected scales of the prompts' likelihood gradients).
+        """
+        if self.sera_options.rounds == 1:
+            return super().prepare_step()
+        return self._sera_generate_rounds()
+
+    def _sera_generate_rounds(self) -> dict:
+        if self.reward_loop_manager.reward_loop_worker_handles is None:
+            raise SeraOptError(
+                "algorithm.sera_maxrl.rounds >= 2 needs each round's rewards before the next round "
+                "is planned, but this job scores with a colocated reward model, which verl runs "
+                "only after sampling; use a rule-based reward or reward.reward_model."
+                "enable_resource_pool=true."
+            )
+        prompts = self._next_train_batch()
+        prompt_ids = sera_verl.prompt_ids_from_batch(prompts, self.sera_options.prompt_key)
+        uids = self._sera_remember(prompts, prompt_ids)
+        budget = len(prompt_ids) * self.sera_mean_count
+        session = self.sera_planner.start_rounds(
+            prompt_ids,
+            budget,
+            rounds=self.sera_options.rounds,
+            first=self.sera_options.first_round,
+            observe=False,  # observed once, from the estimator's outcomes (_compute_advantage)
+        )
+        self._sera_round_groups = {}
+        keys: list[str] = []
+        tags: list[dict] = []
+        metrics: dict = {}
+        timing = getattr(self, "timing_raw", None)
+        while not session.done:
+            counts = session.next_round()
+            if not counts.any():  # a round without budget: nothing to generate
+                session.record(np.zeros(0))
+                continue
+            with marked_timer("sera_rounds", timing if timing is not None else {}):
+                round_keys, round_tags, outcomes = self._sera_run_round(
+                    prompts, uids, prompt_ids, counts, session.round, metrics
+                )
+            session.record(outcomes)
+            keys += round_keys
+            tags += round_tags
+        self.replay_buffer.prepared = KVBatchMeta(partition_id="train", keys=keys, tags=tags)
+        result = session.result()
+        self.sera_round_result = result
+        if int(result.counts.sum()) != budget:  # pragma: no cover - the session's own invariant
+            raise AssertionError(f"the rounds spent {int(result.counts.sum())} of {budget}")
+        metrics.update(
+            {f"sera/{name}": value for name, value in _common.round_diagnostics(result).items()}
+        )
+        return metrics
+
+    def _sera_run_round(self, prompts, uids, prompt_ids, counts, round_number, metrics):
+        """Generate one round through verl's agent loop and read its rewards.
+
+        Returns the round's TransferQueue keys and tags, grouped by prompt in the
+        batch's order and by session within a prompt (the order
+        :meth:`sera_opt.rounds.RoundSession.record` takes), and the 0/1 outcomes.
+        """
+        active = np.flatnonzero(counts)
+        round_batch = tu.index_select_tensor_dict(prompts, torch.as_tensor(active))
+        # verl keys a prompt's rollouts {uid}_{session}_{output}, sessions from 0 at each
+        # submission: a fresh uid per round keeps the rounds' rows apart; round_groups
+        # pools them back under the prompt's uid for the estimator. uuid4 strings have
+        # no "_", which verl's key parsing splits on.
+        round_uids = [str(uuid.uuid4()) for _ in active]
+        tu.assign_non_tensor_stack(round_batch, "uid", round_uids)
+        # The agent loop copies every prompt column into its rows: each row carries its round.
+        tu.assign_non_tensor_stack(round_batch, sera_verl.ROUND_KEY, [round_number] * len(active))
+        sera_verl.assign_rollout_counts(round_batch, counts[active])
+        for uid, position in zip(round_uids, active.tolist(), strict=True):
+            self._sera_round_groups[uid] = (uids[position], round_number)
+
+        self._submit_batch_to_rollout(round_batch)
+        sampled, buffer_metrics = self.replay_buffer.inner.sample(
+            global_steps=self.global_steps, partition_id="train", batch_size=len(active)
+        )
+        for name, value in buffer_metrics.items():
+            if isinstance(value, (int, float)):
+                metrics[name] = metrics.get(name, 0) + value
+
+        rows: dict[str, dict[int, tuple[str, dict]]] = defaultdict(dict)
+        for key, tag in zip(sampled.keys, sampled.tags, strict=True):
+            uid, session, output = key.rsplit("_", 2)
+            if output != "0":
+                _reject_multi_output_sessions([key])
+            if uid not in self._sera_round_groups:
+                raise SeraOptError(
+                    f"verl's replay buffer returned {key!r}, which round {round_number} did not submit; "
+                    "another producer is writing to the 'train' partition of TransferQueue."
+                )
+            rows[uid][int(session)] = (key, tag)
+        keys, tags = [], []
+        for uid, position in zip(round_uids, active.tolist(), strict=True):
+            planned = int(counts[position])
+            if sorted(rows[uid]) != list(range(planned)):
+                raise SeraOptError(
+                    f"round {round_number} returned {len(rows[uid])} of the {planned} rollouts planned "
+                    f"for prompt {prompt_ids[position]!r}: a session failed (see the agent loop's "
+                    "log). A round's outcomes are recorded whole, so the step cannot go on; fix the "
+                    "failure, or train with algorithm.sera_maxrl.rounds=1, where verl pads failed "
+                    "groups."
+                )
+            for session in range(planned):
+                key, tag = rows[uid][session]
+                keys.append(key)
+                tags.append(tag)
+        data = tq.kv_batch_get(keys=keys, partition_id="train", select_fields=["rm_scores"])
+        if "rm_scores" not in data.keys():
+            raise SeraOptError(
+                f"round {round_number}'s rows carry no 'rm_scores': verl's reward loop did not score "
+                "them during the rollout. Configure a reward function or a reward model with "
+                "reward.reward_model.enable_resource_pool=true."
+            )
+        scores = [float(row.sum()) for row in data["rm_scores"].unbind()]
+        try:
+            outcomes = _common.binary_outcomes(
+                np.asarray(scores, dtype=np.float64), self.sera_options.success_threshold
+            )
+        except SeraOptError as exc:
+            raise SeraOptError(
+                f"{exc} (verl: the outcome of a response is the sum of its rm_scores; for graded "
+                "rewards set +algorithm.sera_maxrl.success_threshold=<value>.)"
+            ) from exc
+        return keys, tags, outcomes
 
     # -- 2. outcomes and diagnostics -------------------------------------------------
 
     def _compute_advantage(self, batch, metrics: dict):
         _reject_multi_output_sessions(batch.keys)
-        with sera_verl.collect_estimator_calls() as calls:
+        with contextlib.ExitStack() as stack:
+            calls = stack.enter_context(sera_verl.collect_estimator_calls())
+            if self.sera_options.rounds > 1:
+                stack.enter_context(sera_verl.round_groups(self._sera_batch_groups(batch)))
             batch = super()._compute_advantage(batch, metrics)
         for call in calls:
             self._sera_observe(call, metrics)
         return batch
+
+    def _sera_batch_groups(self, batch) -> dict[str, tuple[Any, int]]:
+        """The round groups of a batch's rows; verl's padding rows are left out."""
+        groups = {}
+        for key, tag in zip(batch.keys, batch.tags, strict=True):
+            if tag.get("is_padding", False):
+                continue
+            uid = key.rsplit("_", 2)[0]
+            group = self._sera_round_groups.get(uid)
+            if group is None:
+                raise SeraOptError(
+                    f"the training batch holds {key!r}, which this step's rounds did not generate; "
+                    "with algorithm.sera_maxrl.rounds >= 2 every step's batch comes from its rounds."
+                )
+            groups[uid] = group
+        return groups
 
     def _sera_observe(self, call: sera_verl.EstimatorCall, metrics: dict) -> None:
         """Feed one estimator call's outcomes to the planner and its diagnostics to the metrics."""
@@ -184,6 +378,45 @@ class SeraTrainerMixin:
 
 
 _UNKNOWN = object()
+
+
+class _RoundReplayBuffer:
+    """verl's replay buffer, whose next training sample is the batch the rounds built.
+
+    verl's ``_step_once`` samples the step's batch from ``self.replay_buffer``. In
+    round mode the rounds have already waited for (and taken) every group through
+    the wrapped buffer, so the training sample returns their rows; anything else
+    (validation) goes to verl's buffer unchanged.
+
+    Attributes
+    ----------
+    inner : verl.trainer.ppo.v1.replay_buffer.ReplayBuffer
+        verl's buffer; the rounds sample each round's groups from it.
+    prepared : transfer_queue.KVBatchMeta or None
+        The rows of the step's rounds, until the step samples them.
+    """
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.prepared = None
+
+    def __getattr__(self, name):
+        if name == "inner":  # not set yet (copying, unpickling)
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def sample(self, global_steps: int, partition_id: str, batch_size: int):
+        if partition_id != "train":
+            return self.inner.sample(
+                global_steps=global_steps, partition_id=partition_id, batch_size=batch_size
+            )
+        if self.prepared is None:
+            raise SeraOptError(
+                "the training step sampled before its rounds ran; with algorithm.sera_maxrl.rounds "
+                ">= 2 each step's batch is generated by the trainer's prepare_step."
+            )
+        batch, self.prepared = self.prepared, None
+        return batch, {}
 
 
 def _reject_multi_output_sessions(keys: Sequence[str]) -> None:

@@ -95,6 +95,7 @@ __all__ = [
     "register_estimator",
     "register_trainers",
     "repeat_by_counts",
+    "round_groups",
     "round_index",
 ]
 
@@ -178,6 +179,16 @@ class SeraMaxRLConfig:
     policy_options, tracker_options : dict
         Extra keyword arguments for :class:`sera_opt.RolloutPlanner` (passed on to the
         policy) and :class:`sera_opt.SuccessTracker` (empty: the planner's default).
+    rounds : int
+        Generation calls per step (THEORY.md section 9). 1 (the default): the whole
+        plan in one call. ``R >= 2`` (``sera_sync`` only): the trainer submits the
+        step's prompts R times through verl's agent loop, each round with the counts
+        a :class:`sera_opt.RoundSession` gives on the rewards of the rounds before
+        it; the step still spends ``M * rollout.n`` rollouts, and the estimator
+        takes the mean-centred baseline from the first round.
+    first_round : int or None
+        Rollouts per prompt in the first round (needs ``rounds >= 2``). None: half of
+        ``rollout.n``; a prompt gets at least its ``min_rollouts`` in it.
     """
 
     estimator: str = "mean_centred"
@@ -189,6 +200,8 @@ class SeraMaxRLConfig:
     prompt_key: str = "index"
     policy_options: Mapping[str, Any] = field(default_factory=dict)
     tracker_options: Mapping[str, Any] = field(default_factory=dict)
+    rounds: int = 1
+    first_round: int | None = None
 
     def __post_init__(self):
         _common.estimator_offset(self.estimator, option="algorithm.sera_maxrl.estimator")
@@ -223,6 +236,12 @@ class SeraMaxRLConfig:
         for name in ("policy_options", "tracker_options"):
             if not isinstance(getattr(self, name), Mapping):
                 raise SeraOptError(f"algorithm.sera_maxrl.{name} must be a mapping (a dict).")
+        _common.check_rounds(
+            self.rounds,
+            self.first_round,
+            option="algorithm.sera_maxrl.rounds",
+            first_option="algorithm.sera_maxrl.first_round",
+        )
 
     @property
     def offset(self) -> int:
@@ -381,6 +400,83 @@ def round_index(values: Any) -> Iterator[np.ndarray]:
         _ROUND_INDEX.reset(token)
 
 
+_ROUND_GROUPS: contextvars.ContextVar[Mapping[Any, tuple[Any, int]] | None] = contextvars.ContextVar(
+    "sera_opt_verl_round_groups", default=None
+)
+
+
+@contextlib.contextmanager
+def round_groups(groups: Mapping[Any, tuple[Any, int]]) -> Iterator[Mapping[Any, tuple[Any, int]]]:
+    """Map each round's uid to its prompt and round, for the estimator calls made inside.
+
+    verl's V1 agent loop stores a prompt's rollouts under keys
+    ``{uid}_{session}_{output}`` with sessions numbered from 0 at every submission,
+    so a step generated in rounds submits each prompt under a fresh uid per round
+    (the same uid twice would overwrite the first round's rows). Inside this block
+    the estimator reads every row's ``uid`` through ``groups``: ``groups[uid] =
+    (prompt_uid, round)`` pools a prompt's rows of all rounds into one group and
+    gives each row its round (the mean-centred baseline then comes from the first
+    round, as with :func:`round_index`). Rows whose uid is not in ``groups`` are
+    not rollouts of the rounds (verl's padding rows, added after generation to
+    make the batch divisible by the data-parallel size): they get advantage 0 and
+    count in neither N nor M, so the advantages of the real rows are those of
+    :func:`sera_opt.maxrl_advantages` on the rounds' rollouts alone.
+
+    Parameters
+    ----------
+    groups : mapping
+        Round uid -> ``(prompt_uid, round)``, rounds counted from 0.
+    """
+    if not isinstance(groups, Mapping):
+        raise SeraOptError(
+            "round_groups takes a mapping uid -> (prompt_uid, round); got "
+            f"{type(groups).__name__}."
+        )
+    for uid, value in groups.items():
+        if (
+            not isinstance(value, tuple)
+            or len(value) != 2
+            or isinstance(value[1], bool)
+            or not isinstance(value[1], numbers.Integral)
+            or value[1] < 0
+        ):
+            raise SeraOptError(
+                f"round_groups maps each uid to (prompt_uid, round) with round an integer >= 0; "
+                f"got {value!r} for {uid!r}."
+            )
+    token = _ROUND_GROUPS.set(groups)
+    try:
+        yield groups
+    finally:
+        _ROUND_GROUPS.reset(token)
+
+
+def _advantages_of_round_rows(token_level_rewards, response_mask, index, config, groups):
+    """The estimator on the rows that ``groups`` names (see :func:`round_groups`); 0 elsewhere."""
+    values = index.tolist() if isinstance(index, (np.ndarray, torch.Tensor)) else list(index)
+    if len(values) != token_level_rewards.shape[0]:
+        raise SeraOptError(
+            f"index has {len(values)} entries for {token_level_rewards.shape[0]} responses."
+        )
+    rows = [k for k, value in enumerate(values) if value in groups]
+    advantages = torch.zeros_like(token_level_rewards)
+    if rows:
+        keep = torch.as_tensor(rows, dtype=torch.long, device=token_level_rewards.device)
+        prompt_uids = np.empty(len(rows), dtype=object)
+        prompt_uids[:] = [groups[values[k]][0] for k in rows]
+        rounds = np.array([groups[values[k]][1] for k in rows], dtype=np.int64)
+        token = _ROUND_GROUPS.set(None)
+        try:
+            kept, _ = compute_sera_maxrl_advantage(
+                token_level_rewards[keep], response_mask[keep], index=prompt_uids, config=config,
+                round_index=rounds,
+            )
+        finally:
+            _ROUND_GROUPS.reset(token)
+        advantages[keep] = kept
+    return advantages, advantages
+
+
 @contextlib.contextmanager
 def collect_estimator_calls() -> Iterator[list[EstimatorCall]]:
     """Record every call of the estimator made inside the ``with`` block.
@@ -435,7 +531,8 @@ def compute_sera_maxrl_advantage(
         Each response's round, for a batch generated in rounds: the mean-centred
         estimator's baseline then comes from the first round (THEORY.md section 9).
         Default: the one set by a :func:`round_index` block, if any (verl's
-        ``compute_advantage`` does not pass it).
+        ``compute_advantage`` does not pass it). Inside a :func:`round_groups` block
+        the rounds and the groups come from that block instead.
     **kwargs
         Other batch fields verl may pass (``reward_baselines``); ignored, with a
         :class:`sera_opt.SeraOptWarning`.
@@ -476,6 +573,13 @@ def compute_sera_maxrl_advantage(
             "column (data.non_tensor_batch['uid']); give every prompt one uid shared by its "
             "rollouts (repeat_by_counts does)."
         )
+    groups = _ROUND_GROUPS.get()
+    if groups is not None:
+        if round_index is not None or _ROUND_INDEX.get() is not None:
+            raise SeraOptError(
+                "the rounds were given twice (round_groups and round_index); give them one way."
+            )
+        return _advantages_of_round_rows(token_level_rewards, response_mask, index, config, groups)
     codes, num_prompts = prompt_codes(index)
     if codes.shape[0] != token_level_rewards.shape[0]:
         raise SeraOptError(
@@ -786,8 +890,12 @@ def check_trainer_config(config: Any) -> SeraMaxRLConfig:
     SeraOptError
         The estimator is not ``sera_maxrl``, the actor's ``loss_agg_mode`` is not one
         whose normalisation the multiplicity correction is matched to
-        (:data:`LOSS_AGG_MODES`), the KL penalty is folded into the reward, or
-        ``rollout.n`` lies outside the count bounds.
+        (:data:`LOSS_AGG_MODES`), the KL penalty is folded into the reward,
+        ``rollout.n`` lies outside the count bounds, or ``rounds >= 2`` is asked for
+        where it cannot run: another mode than ``sera_sync``, a first round above
+        ``rollout.n``, DAPO's group filtering, refills of failed groups, a custom
+        sampler, ``parameter_sync_step > 1``, a colocated reward model, replayed
+        rollouts (``skip.rollout_tq``).
     """
     estimator = _select(config, "algorithm.adv_estimator")
     if estimator != ESTIMATOR_NAME:
@@ -817,7 +925,66 @@ def check_trainer_config(config: Any) -> SeraMaxRLConfig:
             f"{mean_count!r}."
         )
     _bounds(options, int(mean_count))
+    if options.rounds > 1:
+        _check_round_config(config, options, int(mean_count))
     return options
+
+
+def _check_round_config(config: Any, options: SeraMaxRLConfig, mean_count: int) -> None:
+    """Refuse what the round mode of ``sera_sync`` cannot honour, before any worker starts."""
+    mode = _select(config, "trainer.v1.trainer_mode")
+    if mode not in (None, "sera_sync"):
+        raise SeraOptError(
+            f"algorithm.sera_maxrl.rounds={options.rounds} generates each step in rounds through the "
+            f"synchronous trainer; set trainer.v1.trainer_mode=sera_sync (got {mode!r}), or rounds=1. "
+            "The asynchronous modes generate later steps' prompts while one trains, so a step's "
+            "later rounds cannot wait for its first round's rewards there."
+        )
+    if options.first_round is not None and options.first_round > mean_count:
+        raise SeraOptError(
+            f"algorithm.sera_maxrl.first_round={options.first_round} exceeds "
+            f"actor_rollout_ref.rollout.n={mean_count}: the first round alone would spend more than "
+            "the step's budget of rollout.n per prompt. Lower first_round or raise rollout.n."
+        )
+    refusals = [
+        (
+            bool(_select(config, "algorithm.filter_groups.enable", False)),
+            "algorithm.filter_groups.enable=true (DAPO) evicts and refills prompt groups, which "
+            "would drop rounds a prompt's later rounds were planned on; set it to false",
+        ),
+        (
+            bool(_select(config, "trainer.v1.sampler.sync_refill_failed_groups", False)),
+            "trainer.v1.sampler.sync_refill_failed_groups=true replaces a failed group by a new "
+            "prompt in the middle of the rounds; set it to false (a round with a failed session "
+            "stops the step with an error instead)",
+        ),
+        (
+            bool(_select(config, "trainer.v1.sampler.custom_sampler.path", None)),
+            "trainer.v1.sampler.custom_sampler replaces verl's replay buffer, whose sampling the "
+            "rounds wait on; remove it",
+        ),
+        (
+            int(_select(config, "trainer.v1.sync.parameter_sync_step", 1) or 1) != 1,
+            "trainer.v1.sync.parameter_sync_step > 1 splits a step into several samples of the "
+            "replay buffer; the rounds produce the step's batch at once, so leave it at 1",
+        ),
+        (
+            bool(_select(config, "reward.reward_model.enable", False))
+            and not bool(_select(config, "reward.reward_model.enable_resource_pool", False)),
+            "a colocated reward model (reward.reward_model.enable=true without "
+            "enable_resource_pool) scores the batch only after sampling, but each round needs its "
+            "rewards before the next is planned; use a rule-based reward or set "
+            "reward.reward_model.enable_resource_pool=true",
+        ),
+        (
+            bool(_select(config, "skip.rollout_tq.enable", False)),
+            "skip.rollout_tq replays one recorded generation per step, not one per round; set "
+            "skip.rollout_tq.enable=false",
+        ),
+    ]
+    for refused, reason in refusals:
+        if refused:
+            raise SeraOptError(f"algorithm.sera_maxrl.rounds={options.rounds}: {reason}.")
 
 
 # --------------------------------------------------------------------------- trainer modes
