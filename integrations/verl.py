@@ -18,6 +18,9 @@ Written against verl 0.9.1. Importing this module (``pip install 'sera_opt[verl]
   (:mod:`sera_opt.integrations._verl_trainer`, registered by :func:`register_trainers`)
   plan the counts with a :class:`sera_opt.RolloutPlanner` at every step, feed the
   outcomes back to it, log :func:`sera_opt.advantage_diagnostics` and checkpoint it;
+  with ``algorithm.sera_maxrl.rounds=R >= 2``, ``sera_sync`` generates each step in
+  R rounds through verl's agent loop (:func:`round_groups` gives the estimator
+  each row's prompt and round);
 * lets verl's ``apply_monkey_patch`` run beside trl 1.16, which lacks the value-head
   class verl patches when trl is installed (:mod:`sera_opt.integrations._verl_compat`;
   applied only when the installed versions need it).

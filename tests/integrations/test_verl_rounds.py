@@ -378,7 +378,7 @@ def test_round_diagnostics_are_logged(rounds_step):
     assert metrics["sera/mean_scale"] == pytest.approx(float(np.mean(result.factors)))
     assert 0 < metrics["sera/min_scale"] <= metrics["sera/mean_scale"] <= 1
     assert metrics["sera/planned_max_count"] == result.counts.max()
-    assert "timing_s/sera_rounds" not in metrics and rounds_step.trainer.timing_raw["sera_rounds"] >= 0
+    assert rounds_step.trainer.timing_raw["sera_rounds"] > 0  # verl logs it as timing_s/sera_rounds
 
 
 def test_two_steps_run_their_own_rounds(sv, variant, monkeypatch, tmp_path):
