@@ -247,11 +247,12 @@ class BetaEvidence:
             self._reserve_events(2 * min(rollouts, size) + 2)
         self.size = size
         self.step = t
-        _kernels().update_evidence(
-            slots, wins.view(np.uint8), t, size, self._rows, self._touched, self.decay,
-            self._decay_one, self._powers, self._complete, self._inv_log, self.fit, self._sums,
-            self._counts, self._base, self._shift, self._due, self._calendar, self._heads,
-            self._pool)
+        # One kernel per case: without decay, the expiry calendar is never compiled.
+        kernels = _kernels()
+        update = kernels.update_evidence if self._decay_one else kernels.update_evidence_decayed
+        update(slots, wins.view(np.uint8), t, size, self._rows, self._touched, self.decay,
+               self._powers, self._complete, self._inv_log, self.fit, self._sums, self._counts,
+               self._base, self._shift, self._due, self._calendar, self._heads, self._pool)
         if self.fit:
             self._maintain()
 

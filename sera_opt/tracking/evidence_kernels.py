@@ -170,122 +170,139 @@ def _nadd(total, comp, x):
     return t, comp
 
 
-@njit(cache=True)
-def update_evidence(slots, wins, t, size, rows, touched, decay, decay_one, powers, complete,
-                    inv_log, fit, sums, counts, base, shift, due, events, heads, pool):
-    """One update at step ``t``: decay, accumulate the batch, keep the fit's moments.
+_UPDATE_DOC = """One update at step ``t``: decay, accumulate the batch, keep the fit's moments.
 
-    Evidence is decayed lazily: a prompt's stored (s, f) are its values at its
-    last touch, and the first rollout of a prompt in this batch brings them to
-    step ``t`` (``s * decay**k``) before the batch's successes and failures
-    are added, exactly as ``s * scale + wins`` in one vectorized step would.
-    The pass over the rollouts touches one 32-byte record per rollout (it is
-    bound by memory latency: little else happens in it); the second pass
-    finishes each distinct prompt, taking its old terms out of the fit's
-    moments and putting its new ones in, in first-occurrence order or, when
-    the batch touches at least an eighth of all slots, in slot order (a
-    sequential scan is then cheaper than random access). With decay the old
-    terms leave in the first pass, before (s, f) are scaled. ``touched`` is scratch (one entry per
-    rollout). Returns the number of distinct prompts.
-    """
-    if not decay_one:
-        sums[SUM_S] *= decay
-        sums[SUM_S + 1] *= decay
-        sums[SUM_N] *= decay
-        sums[SUM_N + 1] *= decay
-        if fit:
-            _expire(t, rows, powers, complete, inv_log, sums, counts, base, shift, due, events,
-                    heads, pool)
-    rs, rc = sums[SUM_R], sums[SUM_R + 1]
-    qs, qc = sums[SUM_R2], sums[SUM_R2 + 1]
-    gs, gc = sums[SUM_G], sums[SUM_G + 1]
-    seen_count = counts[COUNT_SEEN]
-    two_count = counts[COUNT_TWO]
-    touched_count = 0
-    for j in range(slots.size):
-        slot = slots[j]
-        row = rows[np.uint64(slot)]
-        if row.last_step != t:
+Evidence is decayed lazily: a prompt's stored (s, f) are its values at its
+last touch, and the first rollout of a prompt in this batch brings them to
+step ``t`` (``s * decay**k``) before the batch's successes and failures
+are added, exactly as ``s * scale + wins`` in one vectorized step would.
+The pass over the rollouts touches one 32-byte record per rollout (it is
+bound by memory latency: little else happens in it); the second pass
+finishes each distinct prompt, taking its old terms out of the fit's
+moments and putting its new ones in, in first-occurrence order or, when
+the batch touches at least an eighth of all slots, in slot order (a
+sequential scan is then cheaper than random access). With decay the old
+terms leave in the first pass, before (s, f) are scaled. ``touched`` is scratch (one entry per
+rollout). Returns the number of distinct prompts.
+
+``update_evidence`` is the kernel for a tracker without decay, ``update_evidence_decayed``
+the one with it (:func:`_update_entry`)."""
+
+
+def _update_entry(decay_one: bool, name: str):
+    """The update kernel for evidence without decay (``decay_one``) or with it: a constant
+    of the kernel (a closure variable), so that numba drops the branches it does not take
+    and the kernel without decay compiles no expiry calendar, sort or decay factors."""
+    decayed = not decay_one
+
+    def kernel(slots, wins, t, size, rows, touched, decay, powers, complete, inv_log, fit,
+               sums, counts, base, shift, due, events, heads, pool):
+        if decayed:
+            sums[SUM_S] *= decay
+            sums[SUM_S + 1] *= decay
+            sums[SUM_N] *= decay
+            sums[SUM_N + 1] *= decay
+            if fit:
+                _expire(t, rows, powers, complete, inv_log, sums, counts, base, shift, due,
+                        events, heads, pool)
+        rs, rc = sums[SUM_R], sums[SUM_R + 1]
+        qs, qc = sums[SUM_R2], sums[SUM_R2 + 1]
+        gs, gc = sums[SUM_G], sums[SUM_G + 1]
+        seen_count = counts[COUNT_SEEN]
+        two_count = counts[COUNT_TWO]
+        touched_count = 0
+        for j in range(slots.size):
+            slot = slots[j]
+            row = rows[np.uint64(slot)]
+            if row.last_step != t:
+                s = row.successes
+                f = row.failures
+                last = row.last_step
+                if decayed and fit:
+                    # The prompt's terms as of its last touch leave the moments (without
+                    # decay they leave in the second pass, where (s, f) are still as stored).
+                    # Membership now is the fit's own predicate, evaluated here from the
+                    # record in cache; the calendar agrees with it (events due now have run),
+                    # and the second pass rewrites both nodes' due steps, which makes their
+                    # old entries stale.
+                    if _holds(s, f, 1.0, powers, complete, t - last) == 1:
+                        n, r, r2 = _seen_terms(s, f, shift)
+                        seen_count -= 1
+                        rs, rc = _nadd(rs, rc, -r)
+                        qs, qc = _nadd(qs, qc, -r2)
+                        gs, gc = _nadd(gs, gc, -(_frame(powers, last, base) / n))
+                        if _holds(s, f, 2.0, powers, complete, t - last) == 1:
+                            two_count -= 1
+                if decayed:
+                    scale = _factor(powers, complete, t - last)
+                    row.successes = s * scale
+                    row.failures = f * scale
+                row.last_step = t
+                row.scratch = 0
+                touched[touched_count] = slot
+                touched_count += 1
+            # Trials in the high 32 bits, successes in the low ones: one add per rollout.
+            row.scratch += _TRIAL | wins[j]
+        scan = 8 * touched_count >= size
+        total_wins = 0
+        phi = _frame(powers, t, base) if decayed else 1.0
+        for q in range(size if scan else touched_count):
+            slot = q if scan else touched[q]
+            row = rows[np.uint64(slot)]
+            if scan and row.last_step != t:
+                continue
+            trials = row.scratch >> 32
+            wins_q = row.scratch & _LOW
+            total_wins += wins_q
+            w = float(wins_q)
             s = row.successes
             f = row.failures
-            last = row.last_step
-            if fit and not decay_one:
-                # The prompt's terms as of its last touch leave the moments (without
-                # decay they leave in the second pass, where (s, f) are still as stored).
-                # Membership now is the fit's own predicate, evaluated here from the
-                # record in cache; the calendar agrees with it (events due now have run),
-                # and the second pass rewrites both nodes' due steps, which makes their
-                # old entries stale.
-                if _holds(s, f, 1.0, powers, complete, t - last) == 1:
-                    n, r, r2 = _seen_terms(s, f, shift)
-                    seen_count -= 1
-                    rs, rc = _nadd(rs, rc, -r)
-                    qs, qc = _nadd(qs, qc, -r2)
-                    gs, gc = _nadd(gs, gc, -(_frame(powers, last, base) / n))
-                    if _holds(s, f, 2.0, powers, complete, t - last) == 1:
-                        two_count -= 1
-            if not decay_one:
-                scale = _factor(powers, complete, t - last)
-                row.successes = s * scale
-                row.failures = f * scale
-            row.last_step = t
-            row.scratch = 0
-            touched[touched_count] = slot
-            touched_count += 1
-        # Trials in the high 32 bits, successes in the low ones: one add per rollout.
-        row.scratch += _TRIAL | wins[j]
-    scan = 8 * touched_count >= size
-    total_wins = 0
-    phi = 1.0 if decay_one else _frame(powers, t, base)
-    for q in range(size if scan else touched_count):
-        slot = q if scan else touched[q]
-        row = rows[np.uint64(slot)]
-        if scan and row.last_step != t:
-            continue
-        trials = row.scratch >> 32
-        wins_q = row.scratch & _LOW
-        total_wins += wins_q
-        w = float(wins_q)
-        s = row.successes
-        f = row.failures
-        if fit and decay_one and s + f >= 1.0:
-            n, r, r2 = _seen_terms(s, f, shift)
-            seen_count -= 1
-            rs, rc = _nadd(rs, rc, -r)
-            qs, qc = _nadd(qs, qc, -r2)
-            gs, gc = _nadd(gs, gc, -(1.0 / n))
-            if n >= 2.0:
-                two_count -= 1
-        s = s + w
-        f = f + (trials - w)
-        row.successes = s
-        row.failures = f
-        if fit:
-            # ... and the new terms enter (n = s + f >= 1: each got a rollout now).
-            n, r, r2 = _seen_terms(s, f, shift)
-            seen_count += 1
-            rs, rc = _nadd(rs, rc, r)
-            qs, qc = _nadd(qs, qc, r2)
-            gs, gc = _nadd(gs, gc, phi / n)
-            if n >= 2.0:
-                two_count += 1
-            if not decay_one:
-                _schedule(2 * slot, s, f, 1.0, t, 0, powers, complete, inv_log, due, events,
-                          heads, pool)
+            if decay_one and fit and s + f >= 1.0:
+                n, r, r2 = _seen_terms(s, f, shift)
+                seen_count -= 1
+                rs, rc = _nadd(rs, rc, -r)
+                qs, qc = _nadd(qs, qc, -r2)
+                gs, gc = _nadd(gs, gc, -(1.0 / n))
                 if n >= 2.0:
-                    _schedule(2 * slot + 1, s, f, 2.0, t, 0, powers, complete, inv_log, due,
-                              events, heads, pool)
-                else:
-                    due[2 * slot + 1] = NOT_LINKED
-    if fit:
-        sums[SUM_R], sums[SUM_R + 1] = rs, rc
-        sums[SUM_R2], sums[SUM_R2 + 1] = qs, qc
-        sums[SUM_G], sums[SUM_G + 1] = gs, gc
-        counts[COUNT_SEEN] = seen_count
-        counts[COUNT_TWO] = two_count
-    _kadd(sums, SUM_S, float(total_wins))
-    _kadd(sums, SUM_N, float(slots.size))
-    return touched_count
+                    two_count -= 1
+            s = s + w
+            f = f + (trials - w)
+            row.successes = s
+            row.failures = f
+            if fit:
+                # ... and the new terms enter (n = s + f >= 1: each got a rollout now).
+                n, r, r2 = _seen_terms(s, f, shift)
+                seen_count += 1
+                rs, rc = _nadd(rs, rc, r)
+                qs, qc = _nadd(qs, qc, r2)
+                gs, gc = _nadd(gs, gc, phi / n)
+                if n >= 2.0:
+                    two_count += 1
+                if decayed:
+                    _schedule(2 * slot, s, f, 1.0, t, 0, powers, complete, inv_log, due, events,
+                              heads, pool)
+                    if n >= 2.0:
+                        _schedule(2 * slot + 1, s, f, 2.0, t, 0, powers, complete, inv_log, due,
+                                  events, heads, pool)
+                    else:
+                        due[2 * slot + 1] = NOT_LINKED
+        if fit:
+            sums[SUM_R], sums[SUM_R + 1] = rs, rc
+            sums[SUM_R2], sums[SUM_R2 + 1] = qs, qc
+            sums[SUM_G], sums[SUM_G + 1] = gs, gc
+            counts[COUNT_SEEN] = seen_count
+            counts[COUNT_TWO] = two_count
+        _kadd(sums, SUM_S, float(total_wins))
+        _kadd(sums, SUM_N, float(slots.size))
+        return touched_count
+
+    kernel.__name__ = kernel.__qualname__ = name
+    kernel.__doc__ = _UPDATE_DOC
+    return njit(cache=True)(kernel)
+
+
+update_evidence = _update_entry(True, "update_evidence")
+update_evidence_decayed = _update_entry(False, "update_evidence_decayed")
 
 
 @njit(cache=True)
