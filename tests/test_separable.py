@@ -270,7 +270,7 @@ def test_knapsack_counts_certified_by_bounds_equal_the_evaluated_crossing(p, flo
     assert k == first_at_or_below(gains, kinds.KNAPSACK, x, lam, floor, ceil)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(vip=st.booleans(),
        a=st.one_of(st.floats(1e-300, 1e300), st.sampled_from([0.0, 0.25, 1e-17, 1.0, 3.0])),
        b=st.one_of(st.floats(0.0, 1e300), st.sampled_from([0.0, 7e-4, 1.0, 1e10])),
@@ -301,7 +301,7 @@ def test_quadratic_roots_settle_vip_and_gvm_counts_as_the_gains_do(vip, a, b, fl
     assert k == first_at_or_below(gains, kind, x, lam, floor, ceil), settled
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(alpha=st.one_of(st.floats(1e-300, 1e300), st.sampled_from([1.0, 0.5, 1e-30, 1e30])),
        beta=st.one_of(st.floats(1e-300, 1e300), st.sampled_from([1.0, 2.5, 1e-30, 1e30])),
        k=st.integers(1, 64), below=st.integers(1, 64), width=st.integers(1, 80),
@@ -664,3 +664,76 @@ def test_the_python_list_of_closed_form_kinds_is_the_kernels_own():
                             "FAIR_INVERSE")]
     assert len(numbers) == 10
     assert {kind for kind in numbers if gains.closed_form(kind)} == kinds.CLOSED_FORM_KINDS
+
+
+CLOSED_ENTRIES = ("stepwise_counts", "closed_counts", "closed_counts_sampled",
+                  "closed_counts_sampled_exact")
+
+
+def closed_entry_counts(name, objective, budget, lo, hi):
+    """Counts from one entry kernel of the closed-form kinds, called directly (whichever
+    entry :func:`~sera_opt.kernels.kinds.closed_entry` would choose for the problem)."""
+    from sera_opt.kernels import closed
+
+    spare = budget - int(lo.sum())
+    p0, p1, p2 = (np.ascontiguousarray(x) for x in objective._solve_params(hi))
+    return getattr(closed, name)(objective._kind, p0, p1, p2, objective.offset, lo, hi, spare,
+                                 np.zeros(4, dtype=np.int64), np.empty((4, 0), dtype=np.int64),
+                                 np.empty(0, dtype=np.int64))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), m=st.integers(20, 700), ties=st.booleans(),
+       share=st.floats(0.001, 0.999))
+def test_every_closed_form_entry_equals_exhaustive_sort(seed, m, ties, share):
+    """The closed-form kinds have one entry kernel per way of solving (one rollout at a
+    time; the bracket opened from the rows' extremes, or from a subsample solved by the
+    closed-form search or exactly): the solver calls one of them by the problem's size,
+    so each is checked here by itself, on sizes from 20 rows (the subsample entries take
+    one row in sixteen), against the sort of all gains."""
+    from sera_opt.kernels.kinds import CLOSED_FORM_KINDS
+
+    rng = np.random.default_rng(seed)
+    lo = rng.integers(2, 4, m)  # offset 1 needs two rollouts for a positive factor
+    hi = lo + rng.integers(0, 12, m)
+    total = int((hi - lo).sum())
+    if total < 2:
+        return
+    budget = int(lo.sum()) + min(max(1, int(share * total)), total - 1)
+    for objective in objectives_for(rng, m, ties=ties):
+        if objective._kind not in CLOSED_FORM_KINDS:
+            continue
+        reference = sorted_reference(objective, budget, lo, hi)
+        for name in CLOSED_ENTRIES:
+            np.testing.assert_array_equal(
+                closed_entry_counts(name, objective, budget, lo, hi), reference,
+                err_msg=f"{type(objective).__name__} through {name}")
+
+
+def test_the_solver_takes_the_entry_the_size_calls_for(monkeypatch):
+    """``closed_entry`` picks the kernel by the rows and the spare rollouts, and the
+    solver calls the kernel it names (stepwise for a small spare, the bracket search from
+    the extremes below CLOSED_SUBSAMPLE_FROM rows, from a subsample above)."""
+    from sera_opt.kernels import kinds
+
+    assert kinds.closed_entry(64, 384) == "stepwise_counts"
+    assert kinds.closed_entry(64, kinds.STEPWISE_MAX_SPARE) == "stepwise_counts"
+    assert kinds.closed_entry(64, kinds.STEPWISE_MAX_SPARE + 1) == "closed_counts"
+    assert kinds.closed_entry(kinds.CLOSED_SUBSAMPLE_FROM, 10**5) == "closed_counts_sampled"
+    assert kinds.closed_entry(kinds.SUBSAMPLE_FROM, 10**6) == "closed_counts_sampled_exact"
+    import sera_opt.separable.objective as objective_module
+
+    called = []
+    real = objective_module.closed_entry
+
+    def spy(rows, spare):
+        called.append(real(rows, spare))
+        return called[-1]
+
+    monkeypatch.setattr(objective_module, "closed_entry", spy)
+    for m, per in ((64, 4), (300, 8), (600, 8)):
+        p = np.random.default_rng(m).uniform(0.05, 0.95, m)
+        counts = solve_separable(AlphaFairUtility(p, 1.0, offset=1), per * m, 2, 32)
+        assert counts.sum() == per * m
+        assert called[-1] == real(m, per * m - 2 * m)
+    assert called == ["stepwise_counts", "closed_counts", "closed_counts_sampled"]

@@ -6,8 +6,9 @@ and is the one list of the objectives' kind numbers.
 
 * :mod:`.rates`: ``a = -log(1 - p)`` in one pass (what :mod:`sera_opt.problem` needs);
 * :mod:`.waterline`, :mod:`.waterline_counts`: SERA's linear levels, counts per level;
-* :mod:`.entries`: the separable engine's two entry kernels, over
+* :mod:`.entries`: the general separable engine's entry kernel, over
   :mod:`.gains` (per-kind gains, from :mod:`.betamath`), :mod:`.crossing` (a row's
-  crossing of a value), :mod:`.bracket` and :mod:`.general` (the general engine),
-  :mod:`.closed` (the closed-form engine), :mod:`.selection` and :mod:`.floatkeys`.
+  crossing of a value), :mod:`.bracket` and :mod:`.general`, :mod:`.selection` and
+  :mod:`.floatkeys`; :mod:`.closed`: the closed-form engine's entry kernels, one per
+  opening of its bracket (:func:`.kinds.closed_entry` chooses).
 """

@@ -22,11 +22,8 @@ _INF = np.inf
 COLLECT_MIN = 2048
 
 
-# Below this many prompts the opening bracket comes from the rows' extremes;
-# above it, from a subsample of SUBSAMPLE rows.
-SUBSAMPLE_FROM = 32768
-
-
+# From kinds.SUBSAMPLE_FROM prompts on, the opening bracket comes from a subsample of
+# SUBSAMPLE rows; below, from the rows' extremes.
 SUBSAMPLE = 4096
 
 

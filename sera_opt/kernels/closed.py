@@ -10,19 +10,18 @@ import math
 import numpy as np
 
 from .._jit import njit
-from .bracket import COLLECT_MIN, NEWTON_ROUNDS, OVERSHOOT, SUBSAMPLE, SUBSAMPLE_FROM
+from .bracket import COLLECT_MIN, NEWTON_ROUNDS, OVERSHOOT, SUBSAMPLE
 from .crossing import row_crossing, settled_start
 from .floatkeys import counts_from, float_key, float_key_below, float_unkey
 from .gains import gain, pass_constant
 from .general import select_spare
+from .kinds import CLOSED_SUBSAMPLE_FROM
 from .selection import kth_largest, pick_ties, take_beyond
 
 _INF = np.inf
 
-# The closed-form kinds start from a subsample (one row in sixteen) from this many rows
-# on; below, from the rows' extreme gains.
-CLOSED_SUBSAMPLE_FROM = 512
-
+__all__ = ["CLOSED_SUBSAMPLE_FROM", "closed_counts", "closed_counts_sampled",
+           "closed_counts_sampled_exact", "stepwise_counts", "strided_subsample"]
 
 # The memo of rows with equal parameters (see _closed_count and _memo_new): 64
 # entries, indexed by the top bits of a multiplicative hash of the parameters' bits.
@@ -130,12 +129,15 @@ def _closed_ends(lo, hi, keep, work):
     else:
         ends = np.empty((3, m), dtype=np.int64)
     if keep:
-        ends[0] = lo
-        ends[1] = hi
+        # Loops, not ``ends[0] = lo``: a broadcasting assignment compiles numba's
+        # shape-mismatch error path (string formatting), about a second of first use.
+        for i in range(m):
+            ends[0, i] = lo[i]
+            ends[1, i] = hi[i]
     return ends, np.array([0, 1, 2], dtype=np.int64), np.ones(2, dtype=np.int64)
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", inline="always")
 def _record_end(slot, known, side):
     """The work row, just written by a pass, becomes end ``side``'s counts."""
     work = slot[2]
@@ -183,9 +185,13 @@ def _closed_extremes(kind, p0, p1, p2, c, lo, hi, spare, total, fbuf, ibuf, stat
                 finite_bottom = g
     key_a = float_key(top, fbuf, ibuf)
     if ends.shape[1] > 0:
-        ends[slot[0]] = lo  # nothing lies above the largest gain
-        ends[slot[1]] = hi  # and everything above b, below the smallest
-    known[:] = 1
+        at_a = ends[slot[0]]
+        at_b = ends[slot[1]]
+        for i in range(lo.shape[0]):
+            at_a[i] = lo[i]  # nothing lies above the largest gain
+            at_b[i] = hi[i]  # and everything above b, below the smallest
+    known[0] = 1
+    known[1] = 1
     if bottom > -_INF:
         return key_a, float_key_below(bottom, fbuf, ibuf), 0, total
     key_b = float_key(-_INF, fbuf, ibuf) - 1  # the sentinel: every gain lies above it
@@ -310,36 +316,141 @@ def _closed_level(kind, p0, p1, p2, c, lo, hi, spare, fbuf, ibuf):
     return value_a
 
 
+# The engine for max-sum kinds whose crossings are known in closed form has three entry
+# kernels, one per way of opening the bracket, chosen in Python by the number of rows
+# (:func:`sera_opt.kernels.kinds.closed_entry`): numba compiles a kernel with every
+# function it can call, so a first call on a small batch compiles neither the subsample
+# search nor the general engine that the largest batches use for it.
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _step_before(g, k, i, h, k_h, i_h):
+    """Whether step ``(g, k, i)`` (gain, count, row) goes before ``(h, k_h, i_h)``: the
+    larger gain, then fewer rollouts, then the lower index (the tie rule of sums)."""
+    if g != h:
+        return g > h
+    if k != k_h:
+        return k < k_h
+    return i < i_h
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _sift_step(heap, gains, counts, root, size):
+    """Sift the row at heap position ``root`` down the heap of rows ordered by their next
+    step (:func:`_step_before`)."""
+    row = heap[root]
+    g = gains[row]
+    k = counts[row]
+    while True:
+        child = 2 * root + 1
+        if child >= size:
+            break
+        best = heap[child]
+        if child + 1 < size:
+            other = heap[child + 1]
+            if _step_before(gains[other], counts[other], other, gains[best], counts[best],
+                            best):
+                child += 1
+                best = other
+        if not _step_before(gains[best], counts[best], best, g, k, row):
+            break
+        heap[root] = best
+        root = child
+    heap[root] = row
+
+
+@njit(cache=True, error_model="numpy")
+def stepwise_counts(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out):
+    """The counts of :func:`closed_counts` (the same arguments and the same tie rule),
+    by handing the ``spare`` rollouts out one at a time: each goes to the row whose next
+    step has the largest gain (then fewer rollouts, then the lower index), from a binary
+    heap over the rows. Rows' gains do not increase along the row, so the steps leave
+    the heap in the order of all steps sorted by that rule, and the first ``spare`` are
+    the exact optimum. ``O(M + spare log M)`` gain evaluations and comparisons: for small
+    problems as fast as the bracket search, and a small kernel, which numba compiles in
+    a fraction of the bracket search's time. ``stats`` and ``work_i`` are not used
+    (the same arguments as the other entries)."""
+    m = lo.shape[0]
+    counts = counts_from(lo, out)
+    gains = np.empty(m, dtype=np.float64)
+    heap = np.empty(m, dtype=np.int64)
+    size = 0
+    for i in range(m):
+        if hi[i] > lo[i]:
+            gains[i] = gain(kind, p0[i], p1[i], p2[i], c, lo[i])
+            heap[size] = i
+            size += 1
+    for root in range(size // 2 - 1, -1, -1):
+        _sift_step(heap, gains, counts, root, size)
+    for _ in range(spare):
+        if size == 0:
+            # sum(hi - lo) < spare: the callers' bounds check rules this out.
+            raise RuntimeError("separable engine: the spare rollouts exceed the rows' room")
+        row = heap[0]
+        counts[row] += 1
+        if counts[row] < hi[row]:
+            gains[row] = gain(kind, p0[row], p1[row], p2[row], c, counts[row])
+        else:
+            size -= 1
+            heap[0] = heap[size]
+        if size > 0:
+            _sift_step(heap, gains, counts, 0, size)
+    return counts
+
+
 @njit(cache=True, error_model="numpy")
 def closed_counts(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out):
-    """The engine for max-sum kinds whose crossings are known in closed form.
+    """The engine for max-sum kinds whose crossings are known in closed form, for fewer
+    than ``CLOSED_SUBSAMPLE_FROM`` rows and ``0 < spare < sum(hi - lo)``.
 
-    Above ``CLOSED_SUBSAMPLE_FROM`` rows, a strided subsample searched the same way
-    gives the first trial values (below, the rows' extreme gains open the bracket);
+    The rows' extreme gains open the bracket ``(b, a]`` with ``C(a) <= spare <= C(b)``;
     regula falsi on the count (alternating with bisection on the bit order of the
-    value) narrows the bracket ``(b, a]`` with ``C(a) <= spare <= C(b)``, each step one
-    pass that keeps its per-row counts for the end it becomes (the only per-row state);
-    then the gains in the bracket are collected (no crossing is found again) and the
-    remaining ones selected exactly (ties: fewer rollouts first, then the lower index).
+    value) narrows it, each step one pass that keeps its per-row counts for the end it
+    becomes (the only per-row state); then the gains in the bracket are collected (no
+    crossing is found again) and the remaining ones selected exactly (ties: fewer
+    rollouts first, then the lower index). ``stats`` (int64, length 4) receives (count
+    passes, gains collected, 0, subsample solves); ``work_i`` (int64, (4, M)) holds the
+    per-row state when it has M columns and ``out`` (int64, (M,)) the counts when it has
+    M entries (else they are allocated here).
     """
     m = lo.shape[0]
     fbuf = np.empty(1, dtype=np.float64)
     ibuf = fbuf.view(np.int64)
-    limit = max(COLLECT_MIN, m >> 4)
-    total = 0
+    # np.int64, not 0: while the literal 0 is all numba knows of it, a call that passes
+    # it is compiled for Literal[int](0), and then again for int64.
+    total = np.int64(0)
     for i in range(m):
         total += hi[i] - lo[i]
-    # The opening bracket: nothing lies above +inf and everything above the sentinel
-    # key below -inf.
-    key_a = float_key(_INF, fbuf, ibuf)
-    key_b = float_key(-_INF, fbuf, ibuf) - 1
-    c_a = 0
-    c_b = total
     ends, slot, known = _closed_ends(lo, hi, True, work_i)
-    if m < CLOSED_SUBSAMPLE_FROM:
-        key_a, key_b, c_a, c_b = _closed_extremes(kind, p0, p1, p2, c, lo, hi, spare, total,
-                                                  fbuf, ibuf, stats, ends, slot, known)
-    else:
+    key_a, key_b, c_a, c_b = _closed_extremes(kind, p0, p1, p2, c, lo, hi, spare, total,
+                                              fbuf, ibuf, stats, ends, slot, known)
+    return _closed_finish(kind, p0, p1, p2, c, lo, hi, spare, stats, out, key_a, key_b, c_a,
+                          c_b, ends, slot, known, fbuf, ibuf)
+
+
+def _sampled_entry(exact: bool, name: str):
+    """The entry kernel that opens the bracket from a strided subsample, solved for its
+    share of the budget exactly (``exact``: the general engine, for ``SUBSAMPLE_FROM``
+    rows and more) or by the closed-form search stopped early. ``exact`` is a constant
+    of the kernel (a closure variable, so numba drops the branch it does not take and
+    compiles only the solver it calls); ``name`` keeps the two apart in the kernel
+    cache."""
+
+    def kernel(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out):
+        m = lo.shape[0]
+        fbuf = np.empty(1, dtype=np.float64)
+        ibuf = fbuf.view(np.int64)
+        limit = max(COLLECT_MIN, m >> 4)
+        total = 0
+        for i in range(m):
+            total += hi[i] - lo[i]
+        # The opening bracket: nothing lies above +inf and everything above the sentinel
+        # key below -inf.
+        key_a = float_key(_INF, fbuf, ibuf)
+        key_b = float_key(-_INF, fbuf, ibuf) - 1
+        c_a = 0
+        c_b = total
+        ends, slot, known = _closed_ends(lo, hi, True, work_i)
         # Trial values from a strided subsample (one row in sixteen, at most SUBSAMPLE)
         # for its share of the budget, the share corrected after each full pass by the
         # observed miss (a Newton step in budget space): cheaper than the rows' extreme
@@ -354,11 +465,11 @@ def closed_counts(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out):
             target = np.int64(round(share))
             if target <= 0 or target >= cap_s:
                 break
-            if m >= SUBSAMPLE_FROM:
+            if exact:
                 # Exact: with tied gains its threshold is one of the tied values, which
                 # the full bracket then closes on at once.
                 _, lam = select_spare(kind, q0, q1, q2, c, lo_s, hi_s, target, False, 0.0,
-                                 sub_stats, np.empty(0, dtype=np.int64))
+                                      sub_stats, np.empty(0, dtype=np.int64))
             else:
                 lam = _closed_level(kind, q0, q1, q2, c, lo_s, hi_s, target, fbuf, ibuf)
             stats[3] += 1
@@ -385,13 +496,38 @@ def closed_counts(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out):
             top_a, top_b, top_ca, top_cb = _closed_extremes(kind, p0, p1, p2, c, lo, hi,
                                                             spare, total, fbuf, ibuf, stats,
                                                             none, none_slot, known)
-            known[:] = 0
+            known[0] = 0
+            known[1] = 0
             if top_a < key_a:
                 key_a = top_a
                 c_a = top_ca
             if top_b > key_b:
                 key_b = top_b
                 c_b = top_cb
+        return _closed_finish(kind, p0, p1, p2, c, lo, hi, spare, stats, out, key_a, key_b,
+                              c_a, c_b, ends, slot, known, fbuf, ibuf)
+
+    kernel.__name__ = kernel.__qualname__ = name
+    kernel.__doc__ = (
+        ":func:`closed_counts` for ``CLOSED_SUBSAMPLE_FROM`` rows and more, the bracket "
+        "opened from a strided subsample solved for its share of the budget "
+        + ("exactly by the general engine (from ``SUBSAMPLE_FROM`` rows on)." if exact else
+           "by the closed-form search stopped early (below ``SUBSAMPLE_FROM`` rows)."))
+    return njit(cache=True, error_model="numpy")(kernel)
+
+
+closed_counts_sampled = _sampled_entry(False, "closed_counts_sampled")
+closed_counts_sampled_exact = _sampled_entry(True, "closed_counts_sampled_exact")
+
+
+@njit(cache=True, error_model="numpy")
+def _closed_finish(kind, p0, p1, p2, c, lo, hi, spare, stats, out, key_a, key_b, c_a, c_b,
+                   ends, slot, known, fbuf, ibuf):
+    """From an opened bracket ``(b, a]`` to the counts: narrow it to at most
+    ``max(COLLECT_MIN, M / 16)`` steps, collect the gains inside and select the remaining
+    ones exactly (see :func:`closed_counts`)."""
+    m = lo.shape[0]
+    limit = max(COLLECT_MIN, m >> 4)
     key_a, key_b, c_a, c_b = _closed_narrow(kind, p0, p1, p2, c, lo, hi, spare, limit, key_a,
                                             key_b, c_a, c_b, fbuf, ibuf, stats, 200, ends,
                                             slot, known)

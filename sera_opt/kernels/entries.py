@@ -50,7 +50,6 @@ from .bracket import (
     OVERSHOOT,
     PASSES,
     SUBSAMPLE,
-    SUBSAMPLE_FROM,
     bracket_settled,
     first_pass,
     init_state,
@@ -59,28 +58,11 @@ from .bracket import (
     open_ends,
     try_pass,
 )
-from .closed import closed_counts, strided_subsample
+from .closed import strided_subsample
 from .crossing import active_rows
 from .floatkeys import counts_from, float_key
-from .gains import closed_form
 from .general import finish_bracket, select_spare
-
-
-@njit(cache=True, error_model="numpy")
-def solve_closed(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out):
-    """:func:`solve` for a kind of :data:`CLOSED_FORM_KINDS`, with the same arguments but
-    ``maxmin``, ``tie_rtol``, ``work_f`` and ``work_g`` (which the closed-form engine does
-    not read). Its own entry so that a first call compiles the closed-form engine only,
-    not the general one beside it (about a third of the default policy's compile time)."""
-    m = lo.shape[0]
-    total = 0
-    for i in range(m):
-        total += hi[i] - lo[i]
-    if spare <= 0:
-        return counts_from(lo, out)
-    if spare >= total:
-        return counts_from(hi, out)
-    return closed_counts(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out)
+from .kinds import SUBSAMPLE_FROM
 
 
 @njit(cache=True, error_model="numpy")
@@ -92,8 +74,14 @@ def solve(kind, p0, p1, p2, c, lo, hi, spare, maxmin, tie_rtol, stats, work_i, w
     (float64, (2, M)) hold the per-row state when they have M columns (else it is
     allocated here): allocated by numpy, which asks the kernel for transparent huge
     pages, the first writes to that state cost a fraction of what they cost in memory
-    that numba allocates (``work_i`` also holds the closed-form engine's counts). The
-    counts are written into ``out`` (int64, shape (M,)) likewise, when it has M entries.
+    that numba allocates. The counts are written into ``out`` (int64, shape (M,))
+    likewise, when it has M entries.
+
+    Every kind is solved here by the general engine; the kinds of
+    :data:`~sera_opt.kernels.kinds.CLOSED_FORM_KINDS` are solved faster by the entries of
+    :mod:`sera_opt.kernels.closed`, which callers choose in Python
+    (:func:`~sera_opt.kernels.kinds.closed_entry`) so that this kernel does not compile
+    that engine beside its own.
 
     For large ``M`` the first trial values come from a strided subsample of
     ``SUBSAMPLE`` rows solved exactly for its share of the budget; after each
@@ -111,8 +99,6 @@ def solve(kind, p0, p1, p2, c, lo, hi, spare, maxmin, tie_rtol, stats, work_i, w
         return counts_from(lo, out)
     if spare >= total:
         return counts_from(hi, out)
-    if closed_form(kind):
-        return closed_counts(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out)
     if m < SUBSAMPLE_FROM:
         counts, _ = select_spare(kind, p0, p1, p2, c, lo, hi, spare, maxmin, tie_rtol, stats, out)
         return counts

@@ -54,5 +54,6 @@ def counts_from(src, out):
     (memory from numpy, see :func:`solve`), else a new array."""
     if out.shape[0] != src.shape[0]:
         return src.copy()
-    out[:] = src
+    for i in range(src.shape[0]):  # not ``out[:] = src``: see closed._closed_ends
+        out[i] = src[i]
     return out

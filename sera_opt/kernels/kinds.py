@@ -28,7 +28,39 @@ FAIR_KIND_OF_ALPHA = {0.0: FAIR_SUM, 1.0: FAIR_LOG, 2.0: FAIR_INVERSE}
 PRODUCT_MAX = 64
 
 #: The kinds that :func:`sera_opt.kernels.gains.closed_form` sends to the closed-form
-#: engine, for callers that choose the entry kernel in Python
-#: (:func:`sera_opt.kernels.entries.solve_closed` compiles that engine alone).
+#: engine, for callers that choose the entry kernel in Python (:func:`closed_entry`).
 CLOSED_FORM_KINDS = frozenset({FAIR_SUM, FAIR_LOG, FAIR_INVERSE, POINT_HIT, KNAPSACK,
                                RLOO_VARIANCE, INVERSE_COUNT})
+
+#: From this many rows on the closed-form engine opens its bracket from a strided
+#: subsample (one row in sixteen); below, from the rows' extreme gains.
+CLOSED_SUBSAMPLE_FROM = 512
+
+#: From this many rows on a subsample is solved exactly by the general engine
+#: (:func:`sera_opt.kernels.entries.solve`, and the closed-form engine's subsample);
+#: below, the general engine opens from the rows' extremes and the closed-form engine
+#: solves its subsample by its own search stopped early.
+SUBSAMPLE_FROM = 32768
+
+
+#: Up to this many spare rollouts (above the minimums) the closed-form kinds are solved
+#: one rollout at a time (:func:`sera_opt.kernels.closed.stepwise_counts`), which is as
+#: fast as the bracket search there or faster (``sera-opt bench first-use`` reports both).
+STEPWISE_MAX_SPARE = 1024
+
+
+def closed_entry(num_rows: int, spare: int) -> str:
+    """The name of the entry kernel in :mod:`sera_opt.kernels.closed` for ``num_rows`` rows
+    and ``spare`` rollouts to hand out above their minimums.
+
+    One kernel per way of solving, chosen here: numba compiles a kernel together with
+    everything it can call, so a first call on a small problem compiles only the
+    one-at-a-time kernel, and one on a larger batch neither the subsample search nor
+    the general engine that the largest batches use."""
+    if spare <= STEPWISE_MAX_SPARE:
+        return "stepwise_counts"
+    if num_rows < CLOSED_SUBSAMPLE_FROM:
+        return "closed_counts"
+    if num_rows < SUBSAMPLE_FROM:
+        return "closed_counts_sampled"
+    return "closed_counts_sampled_exact"

@@ -38,7 +38,9 @@ def kth_largest(a, r):
     are cheap), falling back after 64 rounds to a size-r heap over the rest,
     so the worst case stays O(N log N).
     """
-    lo = 0
+    # np.int64, not 0: a literal 0 passed on to _sift_down_min makes numba compile it
+    # for Literal[int](0) as well as for int64.
+    lo = np.int64(0)
     hi = a.shape[0] - 1
     target = r - 1
     for _ in range(64):
@@ -79,10 +81,11 @@ def kth_largest(a, r):
     size = target - lo + 1
     for s in range(size // 2 - 1, -1, -1):
         _sift_down_min(a, lo, lo + size, s)
+    root = np.int64(0)
     for i in range(lo + size, hi + 1):
         if a[i] > a[lo]:
             a[lo] = a[i]
-            _sift_down_min(a, lo, lo + size, 0)
+            _sift_down_min(a, lo, lo + size, root)
     return a[lo]
 
 

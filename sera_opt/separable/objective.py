@@ -9,7 +9,7 @@ import numpy as np
 
 from .. import _jit
 from ..exceptions import InfeasibleBudgetError, SeraOptError
-from ..kernels.kinds import CLOSED_FORM_KINDS
+from ..kernels.kinds import CLOSED_FORM_KINDS, closed_entry
 from ..problem import exact_sum, validate_count, validate_offset
 from . import tiers
 from .inputs import count_bounds
@@ -116,7 +116,6 @@ class SeparableObjective:
         """Counts for the rows ``idx`` (a slice or index array) with bounds ``lo``, ``hi``
         (already restricted to them) and ``spare`` rollouts above ``sum(lo)``."""
         if self._kind is not None:
-            kernels = _jit.kernels("sera_opt.kernels.entries")
             p0, p1, p2 = (np.ascontiguousarray(x[idx]) for x in self._solve_params(hi))
             # The engine's per-row state and the counts, from numpy: it asks the kernel
             # for transparent huge pages, so that first writing 10^6 rows of state takes
@@ -124,9 +123,18 @@ class SeparableObjective:
             # below this size).
             m = lo.shape[0] if lo.shape[0] >= _NUMPY_STATE_FROM else 0
             if self._kind in CLOSED_FORM_KINDS:
-                return kernels.solve_closed(self._kind, p0, p1, p2, self.offset, lo, hi, spare,
-                                            stats, np.empty((4, m), dtype=np.int64),
-                                            np.empty(m, dtype=np.int64))
+                # The entry kernel is chosen here, by the number of rows, so that a first
+                # call compiles only the opening it takes (see kinds.closed_entry); the
+                # kernels assume 0 < spare < sum(hi - lo).
+                if spare <= 0:
+                    return lo.copy()
+                if spare >= exact_sum(hi - lo):
+                    return hi.copy()
+                entry = getattr(_jit.kernels("sera_opt.kernels.closed"),
+                                closed_entry(lo.shape[0], spare))
+                return entry(self._kind, p0, p1, p2, self.offset, lo, hi, spare, stats,
+                             np.empty((4, m), dtype=np.int64), np.empty(m, dtype=np.int64))
+            kernels = _jit.kernels("sera_opt.kernels.entries")
             return kernels.solve(self._kind, p0, p1, p2, self.offset, lo, hi, spare,
                                  self.sense == "max-min", self._tie_rtol, stats,
                                  np.empty((4, m), dtype=np.int64), np.empty((4, m)),
