@@ -116,6 +116,13 @@ def _closed_count(kind, p0, p1, p2, c, lo, hi, lam, ends, slot):
     return total
 
 
+# numba compiles a function once per literal value it is called with: flags and pass
+# limits are therefore passed as typed values (np.bool_, np.int64), not as literals,
+# so that each helper compiles once.
+_YES = np.bool_(True)
+_NO = np.bool_(False)
+
+
 @njit(cache=True, error_model="numpy")
 def _closed_ends(lo, hi, keep, work):
     """Per-row counts at the bracket's ends: ``ends[slot[0]]`` at ``a`` (``lo`` while ``a``
@@ -299,16 +306,17 @@ def _closed_level(kind, p0, p1, p2, c, lo, hi, spare, fbuf, ibuf):
     closed-form search stopped once its bracket holds an eighth of the rows' steps, or
     after eight passes (tied gains do not narrow): a trial value for the full problem,
     so it need not be exact."""
-    total = 0
+    total = np.int64(0)  # not a literal 0: see closed_counts
     for i in range(lo.shape[0]):
         total += hi[i] - lo[i]
     passes = np.zeros(1, dtype=np.int64)
-    ends, slot, known = _closed_ends(lo, hi, False, np.empty((3, 0), dtype=np.int64))
+    ends, slot, known = _closed_ends(lo, hi, _NO, np.empty((3, 0), dtype=np.int64))
     key_a, key_b, c_a, c_b = _closed_extremes(kind, p0, p1, p2, c, lo, hi, spare, total, fbuf,
                                               ibuf, passes, ends, slot, known)
     key_a, key_b, c_a, c_b = _closed_narrow(kind, p0, p1, p2, c, lo, hi, spare,
                                             max(1, lo.shape[0] >> 3), key_a, key_b, c_a,
-                                            c_b, fbuf, ibuf, passes, 8, ends, slot, known)
+                                            c_b, fbuf, ibuf, passes, np.int64(8), ends, slot,
+                                            known)
     value_a = float_unkey(key_a, fbuf, ibuf)
     value_b = float_unkey(key_b, fbuf, ibuf)
     if math.isfinite(value_a) and math.isfinite(value_b) and c_b > c_a:
@@ -421,7 +429,7 @@ def closed_counts(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out):
     total = np.int64(0)
     for i in range(m):
         total += hi[i] - lo[i]
-    ends, slot, known = _closed_ends(lo, hi, True, work_i)
+    ends, slot, known = _closed_ends(lo, hi, _YES, work_i)
     key_a, key_b, c_a, c_b = _closed_extremes(kind, p0, p1, p2, c, lo, hi, spare, total,
                                               fbuf, ibuf, stats, ends, slot, known)
     return _closed_finish(kind, p0, p1, p2, c, lo, hi, spare, stats, out, key_a, key_b, c_a,
@@ -441,7 +449,7 @@ def _sampled_entry(exact: bool, name: str):
         fbuf = np.empty(1, dtype=np.float64)
         ibuf = fbuf.view(np.int64)
         limit = max(COLLECT_MIN, m >> 4)
-        total = 0
+        total = np.int64(0)  # not a literal 0: see closed_counts
         for i in range(m):
             total += hi[i] - lo[i]
         # The opening bracket: nothing lies above +inf and everything above the sentinel
@@ -450,7 +458,7 @@ def _sampled_entry(exact: bool, name: str):
         key_b = float_key(-_INF, fbuf, ibuf) - 1
         c_a = 0
         c_b = total
-        ends, slot, known = _closed_ends(lo, hi, True, work_i)
+        ends, slot, known = _closed_ends(lo, hi, _YES, work_i)
         # Trial values from a strided subsample (one row in sixteen, at most SUBSAMPLE)
         # for its share of the budget, the share corrected after each full pass by the
         # observed miss (a Newton step in budget space): cheaper than the rows' extreme
@@ -492,7 +500,7 @@ def _sampled_entry(exact: bool, name: str):
             # rows' extremes rather than bisect the whole float range.
             # Values only: which per-row counts the merged ends have is not tracked here,
             # so the last pass finds them again.
-            none, none_slot, _ = _closed_ends(lo, hi, False, np.empty((3, 0), dtype=np.int64))
+            none, none_slot, _ = _closed_ends(lo, hi, _NO, np.empty((3, 0), dtype=np.int64))
             top_a, top_b, top_ca, top_cb = _closed_extremes(kind, p0, p1, p2, c, lo, hi,
                                                             spare, total, fbuf, ibuf, stats,
                                                             none, none_slot, known)
@@ -529,7 +537,7 @@ def _closed_finish(kind, p0, p1, p2, c, lo, hi, spare, stats, out, key_a, key_b,
     m = lo.shape[0]
     limit = max(COLLECT_MIN, m >> 4)
     key_a, key_b, c_a, c_b = _closed_narrow(kind, p0, p1, p2, c, lo, hi, spare, limit, key_a,
-                                            key_b, c_a, c_b, fbuf, ibuf, stats, 200, ends,
+                                            key_b, c_a, c_b, fbuf, ibuf, stats, np.int64(200), ends,
                                             slot, known)
     value_a = float_unkey(key_a, fbuf, ibuf)
     value_b = float_unkey(key_b, fbuf, ibuf) if key_b >= float_key(-_INF, fbuf, ibuf) else -_INF

@@ -122,6 +122,11 @@ class SeparableObjective:
             # about half the time it takes in memory numba allocates (numba allocates them
             # below this size).
             m = lo.shape[0] if lo.shape[0] >= _NUMPY_STATE_FROM else 0
+            # Writable bounds (the problem's are read-only copies): numba compiles every
+            # kernel once more for read-only arrays, and the subsample searches pass it
+            # writable ones. The kernels do not write to them.
+            lo = np.require(lo, requirements="W")
+            hi = np.require(hi, requirements="W")
             if self._kind in CLOSED_FORM_KINDS:
                 # The entry kernel is chosen here, by the number of rows, so that a first
                 # call compiles only the opening it takes (see kinds.closed_entry); the
