@@ -355,6 +355,69 @@ def test_factors_of_prompts_that_never_succeed_are_those_of_their_counts():
                                  out.factors[~never])
 
 
+
+def _ghost_counts_reference(session, ghosts, total, objective, lo, taken, spill):
+    """The ghosts' counts of a round the obvious way: every ghost's gain at every step,
+    through ``gains`` on all the objective's rows, kept while it beats the round's
+    weakest step of the same rank (the slow reference of the session's walk)."""
+    room = session._hi[ghosts] - total
+    need = int(room.max())
+    weakest = [-np.inf] * spill
+    if objective is not None and spill < need:
+        taken_steps = [objective.gains(np.maximum(lo + taken - j, lo))[taken >= j]
+                       for j in range(1, int(taken.max()) + 1)]
+        all_gains = np.sort(np.concatenate(taken_steps)) if taken_steps else np.zeros(0)
+        weakest += list(all_gains[:need - spill])
+    ghost_obj, ghost_lo = session._round_objective(ghosts, total)
+    out = np.zeros(ghosts.shape[0], dtype=np.int64)
+    alive = room > 0
+    for k in range(min(need, len(weakest))):
+        alive &= (ghost_obj.gains(ghost_lo + k) > weakest[k]) & (room > k)
+        out += alive
+    return out
+
+
+@pytest.mark.parametrize("name", sera_opt.available_policies())
+@pytest.mark.parametrize("offset", [0, 1])
+def test_expected_scales_equal_the_obvious_replay_bit_for_bit(name, offset):
+    # The session evaluates only the rows it still needs (each ghost until its first
+    # losing step, each taken row back to the round's weakest steps); the reference
+    # evaluates every row at every step, on every row of the objective.
+    for seed in range(4):
+        rng = np.random.default_rng([seed, offset])
+        m = 60
+        p = rng.beta(0.6, 1.2, m)
+        if seed % 2:
+            p[:6] = [0.0, 0.0, 1.0, 1.0, 1e-9, 1 - 1e-9]
+        policy = sera_opt.get_policy(name, offset=offset, max_rollouts=int(rng.integers(10, 30)))
+        session = policy.start_rounds(p, 9 * m, rounds=4, **policy_inputs(name, m))
+        out = run(session, p, rng)
+        session._ghost_counts = lambda *args, s=session: _ghost_counts_reference(s, *args)
+        assert np.array_equal(session.factors(), out.factors, equal_nan=True), (name, seed)
+
+
+@pytest.mark.parametrize("name", sera_opt.available_policies())
+def test_row_gains_are_the_objective_gains_of_those_rows(name):
+    from sera_opt.problem import AllocationProblem
+    from sera_opt.rounds.session import row_gains
+
+    rng = np.random.default_rng(4)
+    m = 50
+    p = rng.beta(0.6, 1.2, m)
+    p[:4] = [0.0, 1.0, 1e-12, 1 - 1e-12]
+    policy = sera_opt.get_policy(name, offset=1)
+    problem = AllocationProblem(p, 8 * m, min_rollouts=2, max_rollouts=40, offset=1)
+    inputs = policy_inputs(name, m)
+    if "posterior" in policy.extra_inputs:
+        inputs["posterior"] = (rng.uniform(0.1, 3.0, m), rng.uniform(0.1, 9.0, m))
+    objective = policy.round_objective(problem, **inputs)
+    for _ in range(5):
+        rows = np.flatnonzero(rng.random(m) < 0.4)
+        counts = rng.integers(2, 41, m)
+        expected = objective.gains(counts)[rows]
+        assert np.array_equal(row_gains(objective, rows, counts), expected,
+                              equal_nan=True), name
+
 def test_the_planner_session_updates_the_tracker_once_with_every_round():
     rng = np.random.default_rng(3)
     ids = [f"q{i}" for i in range(20)]

@@ -38,10 +38,11 @@ from typing import Any
 
 import numpy as np
 
+from .. import _jit
 from ..exceptions import SeraOptError
 from ..problem import AllocationProblem, exact_sum, validate_count
 from ..separable.levels import expected_factors
-from ..separable.objective import solve_validated
+from ..separable.objective import KernelObjective, SeparableObjective, solve_validated
 from ..separable.tiers import even_increments
 
 __all__ = ["RoundSession", "RoundResult", "round_budgets"]
@@ -229,6 +230,9 @@ class RoundSession:
         self._replay: list[tuple | None] = []  # per later round, what the factors replay needs
         self._active_fraction: list[float] = []
         self._pending: np.ndarray | None = None
+        # The active mask changes only when a round is recorded: kept from there, so that
+        # planning a round does not derive it again.
+        self._active = hi > 0
         self._stopped = False
         self._result: RoundResult | None = None
         self._wall = 0.0
@@ -262,7 +266,7 @@ class RoundSession:
     def active(self) -> np.ndarray:
         """Mask of the prompts whose scale still depends on more rollouts: no success
         yet, and below their cap."""
-        return (self._successes == 0) & (self._total < self._hi)
+        return self._active.copy()
 
     # ------------------------------------------------------------ rounds
     def next_round(self) -> np.ndarray:
@@ -304,7 +308,8 @@ class RoundSession:
         self._round_wins.append(wins)
         self._rewards.append(r)
         self._pending = None
-        self._active_fraction.append(float(self.active().mean()) if self.num_prompts else 0.0)
+        self._active = (self._successes == 0) & (self._total < self._hi)
+        self._active_fraction.append(float(self._active.mean()) if self.num_prompts else 0.0)
         if self.done:
             self._finish()
         return self
@@ -370,16 +375,17 @@ class RoundSession:
         """The policy's objective over ``rows`` in the state "no success in ``total``
         draws", and the solve's lower bound per row (the count meaning "nothing more")."""
         policy = self.policy
-        p = np.array(self._estimates(rows, total), dtype=np.float64)
+        # Both branches of _estimates gather into a new array (fancy indexing copies):
+        # nothing else holds it, so the problem may keep it without a second copy.
+        p = np.asarray(self._estimates(rows, total), dtype=np.float64)
         p.setflags(write=False)
         shifted = bool(policy.offset_sensitive)
         lo = np.full(rows.shape[0], self.offset, dtype=np.int64) if shifted else total.copy()
         k = rows.shape[0]
         base = 1 + self.offset
         problem = AllocationProblem._validated(p, base * k, base, base, self.offset, False)
-        inputs = {}
-        for key, value in self._inputs.items():
-            inputs[key] = None if value is None else np.asarray(value)[rows]
+        inputs = {key: None if value is None else np.asarray(value)[rows]
+                  for key, value in self._inputs.items()}
         if "posterior" in policy.extra_inputs:
             inputs["posterior"] = self._posterior(rows, total)
         return policy.round_objective(problem, **inputs), lo
@@ -399,21 +405,22 @@ class RoundSession:
     def _allocate_round(self, budget: int) -> np.ndarray:
         m = self.num_prompts
         counts = np.zeros(m, dtype=np.int64)
-        active = np.flatnonzero(self.active())
+        active = np.flatnonzero(self._active)
         room = self._hi - self._total
         spill = budget
         replay = None
         if active.size and budget:
-            capacity = exact_sum(room[active])
+            room_active = room[active]
+            capacity = exact_sum(room_active)
             take = min(budget, capacity)
             if take == capacity:
-                counts[active] = room[active]
+                counts[active] = room_active
             else:
                 objective, lo = self._round_objective(active, self._total[active])
-                hi = lo + room[active]
-                solved = solve_validated(objective, lo, hi, take, np.zeros(4, dtype=np.int64))
-                counts[active] = solved - lo
-                replay = (objective, lo, solved - lo)
+                taken = solve_validated(objective, lo, lo + room_active, take,
+                                        np.zeros(4, dtype=np.int64)) - lo
+                counts[active] = taken
+                replay = (objective, lo, taken)
             spill = budget - take
         if replay is None:
             replay = (None, None, counts[active].copy() if active.size else None)
@@ -496,8 +503,8 @@ class RoundSession:
             steps = [weakest]
             found = np.zeros(0)
             for j in range(1, int(taken.max()) + 1 if taken.size else 1):
-                rows = taken >= j
-                gains = objective.gains(np.maximum(lo + taken - j, lo))[rows]
+                rows = np.flatnonzero(taken >= j)
+                gains = row_gains(objective, rows, np.maximum(lo + taken - j, lo))
                 found = np.sort(np.concatenate([found, gains]))[:need - spill]
                 if found.size == need - spill and gains.min() >= found[-1]:
                     break
@@ -505,11 +512,46 @@ class RoundSession:
             weakest = np.concatenate(steps)
         ghost_obj, ghost_lo = self._round_objective(ghosts, total)
         out = np.zeros(ghosts.shape[0], dtype=np.int64)
-        alive = room > 0
-        for k in range(min(int(room.max()) if room.size else 0, weakest.shape[0])):
-            if not alive.any():
+        steps = min(int(room.max()) if room.size else 0, weakest.shape[0])
+        if not _by_rows(ghost_obj):
+            # Gains that cost less than gathering the rows: every ghost at every step.
+            alive = room > 0
+            for k in range(steps):
+                if not alive.any():
+                    break
+                alive &= (ghost_obj.gains(ghost_lo + k) > weakest[k]) & (room > k)
+                out += alive
+            return out
+        # A ghost stops at its first step that loses (or at its cap) and never resumes,
+        # so only the ghosts still drawing are evaluated: most stop after a few steps.
+        alive = np.flatnonzero(room > 0)
+        for k in range(steps):
+            if not alive.size:
                 break
-            gain = ghost_obj.gains(ghost_lo + k)
-            alive &= (gain > weakest[k]) & (room > k)
-            out += alive
+            gain = row_gains(ghost_obj, alive, ghost_lo + k)
+            alive = alive[(gain > weakest[k]) & (room[alive] > k)]
+            out[alive] += 1
         return out
+
+
+def _by_rows(objective) -> bool:
+    """Whether ``objective``'s gains come from its kernel, row by row (a built-in
+    objective that keeps the engine's ``gains``)."""
+    return (isinstance(objective, KernelObjective) and objective._kind is not None
+            and type(objective).gains is SeparableObjective.gains)
+
+
+def row_gains(objective, rows: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """``objective.gains(counts)[rows]``: ``counts`` has one entry per row of the
+    objective, ``rows`` are ascending indices.
+
+    Built-in objectives evaluate the rows asked for only, by their kernel on those rows'
+    parameters (a term depends on its own row alone, so each gain is the same float):
+    a replay asks for few of them, and their gains are the costly part. Others are
+    evaluated on every row, where a gain is cheap.
+    """
+    if _by_rows(objective):
+        p0, p1, p2 = objective._params()
+        return _jit.kernels("sera_opt.kernels.gains").gains_at(
+            objective._kind, p0[rows], p1[rows], p2[rows], objective.offset, counts[rows])
+    return objective.gains(counts)[rows]
