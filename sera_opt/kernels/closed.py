@@ -379,6 +379,13 @@ def stepwise_counts(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out):
     a fraction of the bracket search's time. ``stats`` and ``work_i`` are not used
     (the same arguments as the other entries)."""
     m = lo.shape[0]
+    total = np.int64(0)
+    for i in range(m):
+        total += hi[i] - lo[i]
+    if spare <= 0:
+        return counts_from(lo, out)
+    if spare >= total:
+        return counts_from(hi, out)
     counts = counts_from(lo, out)
     gains = np.empty(m, dtype=np.float64)
     heap = np.empty(m, dtype=np.int64)
@@ -391,9 +398,6 @@ def stepwise_counts(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out):
     for root in range(size // 2 - 1, -1, -1):
         _sift_step(heap, gains, counts, root, size)
     for _ in range(spare):
-        if size == 0:
-            # sum(hi - lo) < spare: the callers' bounds check rules this out.
-            raise RuntimeError("separable engine: the spare rollouts exceed the rows' room")
         row = heap[0]
         counts[row] += 1
         if counts[row] < hi[row]:
@@ -419,7 +423,8 @@ def closed_counts(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out):
     rollouts first, then the lower index). ``stats`` (int64, length 4) receives (count
     passes, gains collected, 0, subsample solves); ``work_i`` (int64, (4, M)) holds the
     per-row state when it has M columns and ``out`` (int64, (M,)) the counts when it has
-    M entries (else they are allocated here).
+    M entries (else they are allocated here). Like every entry, it gives ``lo`` for
+    ``spare <= 0`` and ``hi`` for ``spare >= sum(hi - lo)``.
     """
     m = lo.shape[0]
     fbuf = np.empty(1, dtype=np.float64)
@@ -429,6 +434,10 @@ def closed_counts(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out):
     total = np.int64(0)
     for i in range(m):
         total += hi[i] - lo[i]
+    if spare <= 0:
+        return counts_from(lo, out)
+    if spare >= total:
+        return counts_from(hi, out)
     ends, slot, known = _closed_ends(lo, hi, _YES, work_i)
     key_a, key_b, c_a, c_b = _closed_extremes(kind, p0, p1, p2, c, lo, hi, spare, total,
                                               fbuf, ibuf, stats, ends, slot, known)
@@ -452,6 +461,10 @@ def _sampled_entry(exact: bool, name: str):
         total = np.int64(0)  # not a literal 0: see closed_counts
         for i in range(m):
             total += hi[i] - lo[i]
+        if spare <= 0:
+            return counts_from(lo, out)
+        if spare >= total:
+            return counts_from(hi, out)
         # The opening bracket: nothing lies above +inf and everything above the sentinel
         # key below -inf.
         key_a = float_key(_INF, fbuf, ibuf)

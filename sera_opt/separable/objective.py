@@ -125,16 +125,13 @@ class SeparableObjective:
             # Writable bounds (the problem's are read-only copies): numba compiles every
             # kernel once more for read-only arrays, and the subsample searches pass it
             # writable ones. The kernels do not write to them.
-            lo = np.require(lo, requirements="W")
-            hi = np.require(hi, requirements="W")
+            if not lo.flags.writeable:
+                lo = lo.copy()
+            if not hi.flags.writeable:
+                hi = hi.copy()
             if self._kind in CLOSED_FORM_KINDS:
-                # The entry kernel is chosen here, by the number of rows, so that a first
-                # call compiles only the opening it takes (see kinds.closed_entry); the
-                # kernels assume 0 < spare < sum(hi - lo).
-                if spare <= 0:
-                    return lo.copy()
-                if spare >= exact_sum(hi - lo):
-                    return hi.copy()
+                # The entry kernel is chosen here, by the size of the problem, so that a
+                # first call compiles only the one it takes (see kinds.closed_entry).
                 entry = getattr(_jit.kernels("sera_opt.kernels.closed"),
                                 closed_entry(lo.shape[0], spare))
                 return entry(self._kind, p0, p1, p2, self.offset, lo, hi, spare, stats,
