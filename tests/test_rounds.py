@@ -418,6 +418,34 @@ def test_row_gains_are_the_objective_gains_of_those_rows(name):
         assert np.array_equal(row_gains(objective, rows, counts), expected,
                               equal_nan=True), name
 
+
+@pytest.mark.parametrize("alpha", [0.0, 0.5, 1.0, 2.0, 3.0, math.inf])
+@pytest.mark.parametrize("offset", [0, 1])
+def test_a_round_objective_of_sera_fair_is_its_objective(alpha, offset):
+    # Rounds build the utility without checking alpha again; everything the engine
+    # reads must be what the static objective holds.
+    from sera_opt.problem import AllocationProblem
+
+    rng = np.random.default_rng(7)
+    p = rng.beta(0.6, 1.2, 40)
+    p[:3] = [0.0, 1.0, 0.5]
+    policy = sera_opt.get_policy("sera-fair", alpha=alpha, offset=offset)
+    problem = AllocationProblem(p, 8 * 40, min_rollouts=1 + offset, max_rollouts=32,
+                                offset=offset)
+    fast, slow = policy.round_objective(problem), policy.objective(problem)
+    assert type(fast) is type(slow)
+    assert fast.__dict__.keys() == slow.__dict__.keys()
+    for key, value in slow.__dict__.items():
+        if isinstance(value, np.ndarray):
+            assert np.array_equal(fast.__dict__[key], value, equal_nan=True), key
+        elif isinstance(value, float) and math.isnan(value):
+            assert math.isnan(fast.__dict__[key]), key
+        else:
+            assert fast.__dict__[key] == value, key
+    counts = np.full(40, 1 + offset)
+    assert np.array_equal(fast.gains(counts + 3), slow.gains(counts + 3), equal_nan=True)
+    assert np.array_equal(fast.solve(8 * 40, 1 + offset, 32), slow.solve(8 * 40, 1 + offset, 32))
+
 def test_the_planner_session_updates_the_tracker_once_with_every_round():
     rng = np.random.default_rng(3)
     ids = [f"q{i}" for i in range(20)]

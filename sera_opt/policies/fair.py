@@ -70,3 +70,10 @@ class SERAFairPolicy(SeparablePolicy):
         if math.isinf(self.alpha):
             return PointLevels.from_problem(problem)
         return AlphaFairUtility.from_problem(problem, self.alpha)
+
+    def round_objective(self, problem: AllocationProblem, **inputs):
+        """:meth:`objective` of a round (:meth:`start_rounds`), with the ``alpha`` checked
+        when the policy was built rather than once per round."""
+        if math.isinf(self.alpha):
+            return PointLevels.from_problem(problem)
+        return AlphaFairUtility._of_checked(problem, self.alpha)

@@ -152,6 +152,16 @@ class AlphaFairUtility(KernelObjective):
                          problem.kernel_rates())
         return objective
 
+    @classmethod
+    def _of_checked(cls, problem, alpha: float) -> AlphaFairUtility:
+        """:meth:`from_problem` for an ``alpha`` that :func:`check_alpha` has already
+        returned (a policy's, checked when the policy was built): a session in rounds
+        builds one utility per round, and checking the option again was a tenth of a
+        round's planning."""
+        objective = cls.__new__(cls)
+        objective._setup(problem.success_probs, alpha, problem.offset, problem.kernel_rates())
+        return objective
+
     def _setup(self, p, alpha, offset, rates):
         if math.isinf(alpha):
             raise SeraOptError(
