@@ -419,20 +419,8 @@ def test_row_gains_are_the_objective_gains_of_those_rows(name):
                               equal_nan=True), name
 
 
-@pytest.mark.parametrize("alpha", [0.0, 0.5, 1.0, 2.0, 3.0, math.inf])
-@pytest.mark.parametrize("offset", [0, 1])
-def test_a_round_objective_of_sera_fair_is_its_objective(alpha, offset):
-    # Rounds build the utility without checking alpha again; everything the engine
-    # reads must be what the static objective holds.
-    from sera_opt.problem import AllocationProblem
-
-    rng = np.random.default_rng(7)
-    p = rng.beta(0.6, 1.2, 40)
-    p[:3] = [0.0, 1.0, 0.5]
-    policy = sera_opt.get_policy("sera-fair", alpha=alpha, offset=offset)
-    problem = AllocationProblem(p, 8 * 40, min_rollouts=1 + offset, max_rollouts=32,
-                                offset=offset)
-    fast, slow = policy.round_objective(problem), policy.objective(problem)
+def assert_same_objective(fast, slow, offset):
+    """Two objectives hold the same fields and give the same gains and solve."""
     assert type(fast) is type(slow)
     assert fast.__dict__.keys() == slow.__dict__.keys()
     for key, value in slow.__dict__.items():
@@ -442,9 +430,41 @@ def test_a_round_objective_of_sera_fair_is_its_objective(alpha, offset):
             assert math.isnan(fast.__dict__[key]), key
         else:
             assert fast.__dict__[key] == value, key
-    counts = np.full(40, 1 + offset)
-    assert np.array_equal(fast.gains(counts + 3), slow.gains(counts + 3), equal_nan=True)
-    assert np.array_equal(fast.solve(8 * 40, 1 + offset, 32), slow.solve(8 * 40, 1 + offset, 32))
+    m = slow.num_prompts
+    counts = np.full(m, 4 + offset)
+    assert np.array_equal(fast.gains(counts), slow.gains(counts), equal_nan=True)
+    assert np.array_equal(fast.solve(8 * m, 1 + offset, 32), slow.solve(8 * m, 1 + offset, 32))
+
+
+def _problem(offset, m=40):
+    from sera_opt.problem import AllocationProblem
+
+    p = np.random.default_rng(7).beta(0.6, 1.2, m)
+    p[:3] = [0.0, 1.0, 0.5]
+    return AllocationProblem(p, 8 * m, min_rollouts=1 + offset, max_rollouts=32, offset=offset)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.5, 1.0, 2.0, 3.0, math.inf])
+@pytest.mark.parametrize("offset", [0, 1])
+def test_a_round_objective_of_sera_fair_is_its_objective(alpha, offset):
+    # Rounds build the utility without checking alpha again; everything the engine
+    # reads must be what the static objective holds.
+    policy = sera_opt.get_policy("sera-fair", alpha=alpha, offset=offset)
+    problem = _problem(offset)
+    assert_same_objective(policy.round_objective(problem), policy.objective(problem), offset)
+
+
+@pytest.mark.parametrize("offset", [0, 1])
+def test_a_round_objective_of_sera_bayes_is_its_objective(offset):
+    # Rounds build the levels on the session's posterior without checking it again.
+    rng = np.random.default_rng(8)
+    policy = sera_opt.get_policy("sera-bayes", offset=offset)
+    problem = _problem(offset)
+    a, b = rng.uniform(0.0, 4.0, 40), rng.uniform(0.0, 12.0, 40)
+    a[:2], b[2:4] = 0.0, 0.0
+    for posterior in ((a, b + 3.0), None, policy.pseudo_posterior(problem.success_probs)):
+        assert_same_objective(policy.round_objective(problem, posterior=posterior),
+                              policy.objective(problem, posterior=posterior), offset)
 
 def test_the_planner_session_updates_the_tracker_once_with_every_round():
     rng = np.random.default_rng(3)

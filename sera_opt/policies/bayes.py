@@ -179,3 +179,11 @@ class SERABayesPolicy(PosteriorPolicy):
         if posterior is None:
             return PointLevels.from_problem(problem)
         return BetaLevels(*posterior, offset=problem.offset)
+
+    def round_objective(self, problem: AllocationProblem, posterior=None):
+        """:meth:`objective` of a round (:meth:`start_rounds`): the session's posterior
+        is the one it checked when it started, updated with failures, which keep it
+        valid; it is not checked again each round."""
+        if posterior is None:
+            return PointLevels.from_problem(problem)
+        return BetaLevels._of_checked(*posterior, offset=problem.offset)

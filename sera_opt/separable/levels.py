@@ -97,6 +97,19 @@ class BetaObjective(KernelObjective):
         self._p2 = None
         self._p2_guess = None
 
+    @classmethod
+    def _of_checked(cls, alpha: np.ndarray, beta: np.ndarray, offset: int = 0):
+        """The objective of a posterior that :func:`validate_beta_posterior` has passed,
+        or one derived from such a posterior that still holds what it checks (float64
+        rows, finite, ``>= 0``, ``alpha + beta > 0``; more failures keep all of it): a
+        session in rounds builds one per round from the posterior it checked when it
+        started, and checking it again was a tenth of a round's planning."""
+        objective = cls.__new__(cls)
+        KernelObjective.__init__(objective, alpha, beta, offset=offset)
+        objective._p2 = None
+        objective._p2_guess = None
+        return objective
+
     def _prepared(self, exact: bool) -> np.ndarray:
         kernels = _jit.kernels("sera_opt.kernels.gains")
         return kernels.prepare(self._kind, self._p0, self._p1, np.empty_like(self._p0), exact)
