@@ -375,8 +375,8 @@ def stepwise_counts(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out):
     heap over the rows. Rows' gains do not increase along the row, so the steps leave
     the heap in the order of all steps sorted by that rule, and the first ``spare`` are
     the exact optimum. ``O(M + spare log M)`` gain evaluations and comparisons: for small
-    problems as fast as the bracket search, and a small kernel, which numba compiles in
-    a fraction of the bracket search's time. ``stats`` and ``work_i`` are not used
+    problems about as fast as the bracket search (see ``kinds.STEPWISE_MAX_SPARE``), and
+    a small kernel, which numba compiles in a tenth of the bracket search's time. ``stats`` and ``work_i`` are not used
     (the same arguments as the other entries)."""
     m = lo.shape[0]
     total = np.int64(0)

@@ -44,8 +44,9 @@ SUBSAMPLE_FROM = 32768
 
 
 #: Up to this many spare rollouts (above the minimums) the closed-form kinds are solved
-#: one rollout at a time (:func:`sera_opt.kernels.closed.stepwise_counts`), which is as
-#: fast as the bracket search there or faster (``sera-opt bench first-use`` reports both).
+#: one rollout at a time (:func:`sera_opt.kernels.closed.stepwise_counts`): there it takes
+#: 0.2x to 1.4x the bracket search's time (tens of microseconds either way), and its
+#: kernel compiles in about a second against about ten (docs/benchmarks.md, "First use").
 STEPWISE_MAX_SPARE = 1024
 
 
