@@ -1,23 +1,30 @@
 """First use: what a new process with an empty kernel cache pays, and where it goes.
 
 A fresh process with an empty kernel cache (a new temporary ``SERA_OPT_CACHE_DIR``)
-runs a new user's first step: ``RolloutPlanner().plan(ids, 8 M)`` for M = 64
-prompts, ``observe`` of the rollouts' rewards, and ``plan`` again. A second fresh
-process with the now warm cache runs the same step: the difference is the compile
-time, the warm figure is the cost of loading the cache. In the cold process numba's
-compile events are recorded, so the time is reported per kernel and type signature
+runs a new user's first step: ``RolloutPlanner().plan(ids, 8 M)`` for M prompts,
+``observe`` of the rollouts' rewards, and ``plan`` again. A second fresh process
+with the now warm cache runs the same step: the difference is the compile time, the
+warm figure is the cost of loading the cache. In the cold process numba's compile
+events are recorded, so the time is reported per kernel and type signature
 (inclusive of the kernels it calls, which numba compiles on the way; exclusive time
 subtracts those). Baselines, timed in each process: ``import numpy`` (already
 loaded; so instead one ``np.sort`` of 10^6 floats) and the import of numba itself.
 
-    sera-opt bench first-use [--quick] [--out DIR] [--repeats K]
+The target (under 10 s) is for M = 64, a new user's first batch. Larger batches
+solve by other kernels (the default policy hands out up to
+``STEPWISE_MAX_SPARE`` rollouts one at a time, more by the bracket search, from a
+subsample at ``CLOSED_SUBSAMPLE_FROM`` prompts and more), so their first use
+compiles more; ``--prompts`` measures them too (default 64, 256 and 1,024).
 
-``--quick`` runs the cold process once; by default it runs three times (three
-empty caches) and reports the median.
+    sera-opt bench first-use [--quick] [--out DIR] [--repeats K] [--prompts 64,256]
+
+``--quick`` runs one cold process for M = 64 only; by default each size runs three
+times (three empty caches) and reports the median.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -28,8 +35,9 @@ import tempfile
 from . import _harness
 
 M = 64
+SIZES = (64, 256, 1024)
 PER_PROMPT = 8
-TARGET_S = 10.0  # issue target: plan + observe + plan in a fresh process, empty cache
+TARGET_S = 10.0  # target for M = 64: plan + observe + plan in a fresh process, empty cache
 
 _STEP = r"""
 import json, sys, time
@@ -77,10 +85,10 @@ print(json.dumps({"sort_1e6_s": sort_s, "numba_import_s": numba_import_s,
 """
 
 
-def _run(cache: str, mode: str) -> dict:
+def _run(cache: str, mode: str, m: int) -> dict:
     env = {**os.environ, "SERA_OPT_CACHE_DIR": cache}
     env.pop("NUMBA_CACHE_DIR", None)
-    code = _STEP % {"m": M, "budget": PER_PROMPT * M}
+    code = _STEP % {"m": m, "budget": PER_PROMPT * m}
     out = subprocess.run([sys.executable, "-c", code, mode], env=env, capture_output=True,
                          text=True, check=True, timeout=1800)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -97,49 +105,80 @@ def _per_kernel(events: list[dict]) -> list[dict]:
     return sorted(table.values(), key=lambda r: -r["exclusive_s"])
 
 
-def main(argv=None) -> int:
-    parser = _harness.common_parser("first-use", __doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=None,
-                        help="cold processes, each with an empty cache (default 3, --quick 1)")
-    args = parser.parse_args(argv)
-    repeats = args.repeats or (1 if args.quick else 3)
-    if repeats < 1:
-        parser.error("--repeats must be at least 1")
-    args.out.mkdir(parents=True, exist_ok=True)
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--prompts takes prompt counts separated by commas, e.g. 64,256; got {text!r}"
+        ) from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"--prompts counts must be at least 1, got {text!r}")
+    return sizes
+
+
+def _measure(m: int, repeats: int) -> dict:
+    """``repeats`` cold processes (each with an empty cache, the first recording the
+    compile events) and a warm one after each, for a batch of ``m`` prompts."""
     cold, warm = [], []
     for r in range(repeats):
         with tempfile.TemporaryDirectory(prefix="sera-opt-first-use-") as cache:
-            cold.append(_run(cache, "record" if r == 0 else "plain"))
-            warm.append(_run(cache, "plain"))
-        print(f"  run {r + 1}/{repeats}: cold step {cold[-1]['step_s']:.1f} s, warm step "
-              f"{warm[-1]['step_s']:.2f} s", file=sys.stderr)
+            cold.append(_run(cache, "record" if r == 0 else "plain", m))
+            warm.append(_run(cache, "plain", m))
+        print(f"  M = {m}, run {r + 1}/{repeats}: cold step {cold[-1]['step_s']:.1f} s, warm "
+              f"step {warm[-1]['step_s']:.2f} s", file=sys.stderr)
     assert all(c["counts"] == cold[0]["counts"] for c in cold + warm), "runs disagree"
     median = {key: statistics.median(run[key] for run in cold)
               for key in ("plan_s", "observe_s", "plan_again_s", "step_s", "sort_1e6_s",
                           "numba_import_s")}
     warm_median = {key: statistics.median(run[key] for run in warm)
                    for key in ("plan_s", "observe_s", "plan_again_s", "step_s", "sort_1e6_s")}
-    kernels = _per_kernel(cold[0]["events"])
-    payload = {
-        "machine": _harness.machine_info(),
-        "setup": {"prompts": M, "budget": PER_PROMPT * M, "repeats": repeats,
-                  "policy": "RolloutPlanner() default"},
-        "cold": median, "warm": warm_median, "target_s": TARGET_S,
+    return {
+        "prompts": m, "budget": PER_PROMPT * m, "repeats": repeats,
+        "cold": median, "warm": warm_median,
+        "cold_runs_s": [run["step_s"] for run in cold],
         "cold_vs_sort": median["step_s"] / median["sort_1e6_s"],
         "cold_vs_numba_import": median["step_s"] / median["numba_import_s"],
         "compiled_signatures": len(cold[0]["events"]),
-        "per_kernel": kernels, "events": cold[0]["events"],
+        "per_kernel": _per_kernel(cold[0]["events"]), "events": cold[0]["events"],
+    }
+
+
+def main(argv=None) -> int:
+    parser = _harness.common_parser("first-use", __doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="cold processes per size, each with an empty cache (default 3, "
+                             "--quick 1)")
+    parser.add_argument("--prompts", type=_sizes, default=None,
+                        help="batch sizes M, separated by commas (default "
+                             f"{','.join(map(str, SIZES))}; --quick {M})")
+    args = parser.parse_args(argv)
+    repeats = args.repeats or (1 if args.quick else 3)
+    if repeats < 1:
+        parser.error("--repeats must be at least 1")
+    sizes = args.prompts or ((M,) if args.quick else SIZES)
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = [_measure(m, repeats) for m in sizes]
+    payload = {
+        "machine": _harness.machine_info(),
+        "setup": {"per_prompt": PER_PROMPT, "sizes": list(sizes), "repeats": repeats,
+                  "policy": "RolloutPlanner() default", "target_prompts": M},
+        "target_s": TARGET_S, "sizes": results,
     }
     path = _harness.write_json(args.out, "first_use", payload)
-    print(f"first use, empty cache: plan {median['plan_s']:.1f} s + observe "
-          f"{median['observe_s']:.1f} s + plan {median['plan_again_s']:.2f} s = "
-          f"{median['step_s']:.1f} s (target {TARGET_S:.0f} s; {payload['cold_vs_sort']:.0f}x "
-          f"np.sort of 1e6 floats, {payload['cold_vs_numba_import']:.0f}x import numba); "
-          f"warm cache: {warm_median['step_s']:.2f} s")
-    print(f"{len(cold[0]['events'])} kernel signatures compiled; exclusive time per kernel:")
-    for row in kernels[:15]:
-        print(f"  {row['exclusive_s']:6.2f} s  {row['kernel']} ({row['signatures']} "
-              f"signature{'s' if row['signatures'] > 1 else ''})")
+    for row in results:
+        cold, warm = row["cold"], row["warm"]
+        target = f"; target {TARGET_S:.0f} s" if row["prompts"] == M else ""
+        print(f"M = {row['prompts']}, empty cache: plan {cold['plan_s']:.1f} s + observe "
+              f"{cold['observe_s']:.1f} s + plan {cold['plan_again_s']:.2f} s = "
+              f"{cold['step_s']:.1f} s ({row['cold_vs_sort']:.0f}x np.sort of 1e6 floats, "
+              f"{row['cold_vs_numba_import']:.0f}x import numba{target}); warm cache: "
+              f"{warm['step_s']:.2f} s")
+        print(f"  {row['compiled_signatures']} kernel signatures compiled; exclusive time per "
+              "kernel:")
+        for kernel in row["per_kernel"][:10]:
+            print(f"  {kernel['exclusive_s']:6.2f} s  {kernel['kernel']} ({kernel['signatures']} "
+                  f"signature{'s' if kernel['signatures'] > 1 else ''})")
     print(f"results: {path}")
     return 0
 
