@@ -306,9 +306,7 @@ def _closed_level(kind, p0, p1, p2, c, lo, hi, spare, fbuf, ibuf):
     closed-form search stopped once its bracket holds an eighth of the rows' steps, or
     after eight passes (tied gains do not narrow): a trial value for the full problem,
     so it need not be exact."""
-    total = np.int64(0)  # not a literal 0: see closed_counts
-    for i in range(lo.shape[0]):
-        total += hi[i] - lo[i]
+    total = _room(lo, hi)
     passes = np.zeros(1, dtype=np.int64)
     ends, slot, known = _closed_ends(lo, hi, _NO, np.empty((3, 0), dtype=np.int64))
     key_a, key_b, c_a, c_b = _closed_extremes(kind, p0, p1, p2, c, lo, hi, spare, total, fbuf,
@@ -329,6 +327,17 @@ def _closed_level(kind, p0, p1, p2, c, lo, hi, spare, fbuf, ibuf):
 # (:func:`sera_opt.kernels.kinds.closed_entry`): numba compiles a kernel with every
 # function it can call, so a first call on a small batch compiles neither the subsample
 # search nor the general engine that the largest batches use for it.
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _room(lo, hi):
+    """``sum(hi - lo)``, the most rollouts the rows can take above their minimums. A typed
+    integer from the start: while the literal 0 is all numba knows of an accumulator, a
+    call that passes it is compiled for ``Literal[int](0)``, and then again for int64."""
+    total = np.int64(0)
+    for i in range(lo.shape[0]):
+        total += hi[i] - lo[i]
+    return total
 
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -376,12 +385,10 @@ def stepwise_counts(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out):
     the heap in the order of all steps sorted by that rule, and the first ``spare`` are
     the exact optimum. ``O(M + spare log M)`` gain evaluations and comparisons: for small
     problems about as fast as the bracket search (see ``kinds.STEPWISE_MAX_SPARE``), and
-    a small kernel, which numba compiles in a tenth of the bracket search's time. ``stats`` and ``work_i`` are not used
-    (the same arguments as the other entries)."""
+    a small kernel, which numba compiles in a tenth of the bracket search's time.
+    ``stats`` and ``work_i`` are not used (the same arguments as the other entries)."""
     m = lo.shape[0]
-    total = np.int64(0)
-    for i in range(m):
-        total += hi[i] - lo[i]
+    total = _room(lo, hi)
     if spare <= 0:
         return counts_from(lo, out)
     if spare >= total:
@@ -426,14 +433,9 @@ def closed_counts(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out):
     M entries (else they are allocated here). Like every entry, it gives ``lo`` for
     ``spare <= 0`` and ``hi`` for ``spare >= sum(hi - lo)``.
     """
-    m = lo.shape[0]
     fbuf = np.empty(1, dtype=np.float64)
     ibuf = fbuf.view(np.int64)
-    # np.int64, not 0: while the literal 0 is all numba knows of it, a call that passes
-    # it is compiled for Literal[int](0), and then again for int64.
-    total = np.int64(0)
-    for i in range(m):
-        total += hi[i] - lo[i]
+    total = _room(lo, hi)
     if spare <= 0:
         return counts_from(lo, out)
     if spare >= total:
@@ -458,9 +460,7 @@ def _sampled_entry(exact: bool, name: str):
         fbuf = np.empty(1, dtype=np.float64)
         ibuf = fbuf.view(np.int64)
         limit = max(COLLECT_MIN, m >> 4)
-        total = np.int64(0)  # not a literal 0: see closed_counts
-        for i in range(m):
-            total += hi[i] - lo[i]
+        total = _room(lo, hi)
         if spare <= 0:
             return counts_from(lo, out)
         if spare >= total:
