@@ -5,7 +5,9 @@ after installing takes several seconds, every later process loads them in a
 fraction of one. Every kernel module compiles with :func:`njit` (numba's, with
 the cache in the key-named directory of :mod:`sera_opt._kernel_cache`, outside
 the installed package). :func:`announce_compilation` prints one line on
-standard error, once per process, when a kernel module is about to be compiled;
+standard error when a kernel is about to be compiled: at most once a minute, so that a
+first step that compiles several kernels says so once, and a later call that compiles
+another one (a larger batch takes another solver kernel) says so again;
 :func:`kernels` imports a kernel module on first use (so that ``import sera_opt``
 does not load numba) and announces each kernel the first time it is looked up.
 """
@@ -17,6 +19,7 @@ import importlib
 import os
 import sys
 import threading
+import time
 from types import ModuleType
 
 from . import _kernel_cache
@@ -25,7 +28,11 @@ __all__ = ["announce_compilation", "kernels", "njit"]
 
 _CHECKED: set[tuple[str, ...]] = set()
 _LOADED: dict[str, _Kernels] = {}
-_ANNOUNCED = False
+# When a compile was last announced, or covered by a notice (time.monotonic); None
+# before the first one.
+_ANNOUNCED_AT: float | None = None
+#: Kernels compiled within this many seconds of a notice are covered by it.
+REPEAT_AFTER_S = 60.0
 MESSAGE = ("sera_opt: compiling the solver (once per version; later runs load it "
            "from the kernel cache, `sera-opt cache` says where) ...")
 _DECORATING = threading.Lock()
@@ -74,17 +81,21 @@ def _is_cached(dispatcher) -> bool:
 def announce_compilation(module: ModuleType, *names: str) -> None:
     """Print :data:`MESSAGE` if one of the kernels ``names`` of ``module`` (kernels
     called from Python; helpers inlined into them are never cached) is neither
-    compiled in this process nor in numba's cache yet."""
-    global _ANNOUNCED
+    compiled in this process nor in numba's cache yet, unless a notice was printed in
+    the last :data:`REPEAT_AFTER_S` seconds (the compile it announced covers this one)."""
+    global _ANNOUNCED_AT
     key = (module.__name__, *names)
-    if _ANNOUNCED or key in _CHECKED:
+    if key in _CHECKED:
         return
     _CHECKED.add(key)
     dispatchers = [getattr(module, name) for name in names]
     missing = [d for d in dispatchers if not d.signatures and not _is_cached(d)]
-    if missing:
-        _ANNOUNCED = True
+    if not missing:
+        return
+    now = time.monotonic()
+    if _ANNOUNCED_AT is None or now - _ANNOUNCED_AT > REPEAT_AFTER_S:
         print(MESSAGE, file=sys.stderr, flush=True)
+    _ANNOUNCED_AT = now
 
 
 class _Kernels:
