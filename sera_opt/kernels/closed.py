@@ -322,8 +322,10 @@ def _closed_level(kind, p0, p1, p2, c, lo, hi, spare, fbuf, ibuf):
     return value_a
 
 
-# The engine for max-sum kinds whose crossings are known in closed form has three entry
-# kernels, one per way of opening the bracket, chosen in Python by the number of rows
+# The max-sum kinds whose crossings are known in closed form have four entry kernels,
+# one per way of solving (one rollout at a time for a small spare; else the bracket
+# opened from the rows' extremes or from a subsample, solved by the closed-form search or
+# by the general engine), chosen in Python by the problem's size
 # (:func:`sera_opt.kernels.kinds.closed_entry`): numba compiles a kernel with every
 # function it can call, so a first call on a small batch compiles neither the subsample
 # search nor the general engine that the largest batches use for it.
@@ -419,8 +421,8 @@ def stepwise_counts(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out):
 
 @njit(cache=True, error_model="numpy")
 def closed_counts(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out):
-    """The engine for max-sum kinds whose crossings are known in closed form, for fewer
-    than ``CLOSED_SUBSAMPLE_FROM`` rows and ``0 < spare < sum(hi - lo)``.
+    """The engine for max-sum kinds whose crossings are known in closed form, chosen for
+    fewer than ``CLOSED_SUBSAMPLE_FROM`` rows (exact at any size).
 
     The rows' extreme gains open the bracket ``(b, a]`` with ``C(a) <= spare <= C(b)``;
     regula falsi on the count (alternating with bisection on the bit order of the
