@@ -21,12 +21,16 @@ from ._locking import LockedState
 from .exceptions import SeraOptError, SeraOptWarning
 from .policies import AllocationPolicy, get_policy, policy_from_config
 from .result import Allocation
+from .rounds.session import DEFAULT_ROUNDS
 from .tracking import SuccessTracker
 from .tracking.index import parse_prompt_ids
 
-__all__ = ["RolloutPlanner", "DEFAULT_POLICY", "DEFAULT_POLICY_OPTIONS"]
+__all__ = ["RolloutPlanner", "DEFAULT_POLICY", "DEFAULT_POLICY_OPTIONS", "DEFAULT_ROUNDS",
+           "DEFAULT_ROUND_POLICY"]
 
-_FORMAT = "sera_opt.RolloutPlanner/2"
+_FORMAT = "sera_opt.RolloutPlanner/3"
+# Written before the planner had a policy of its own for rounds (it is the policy).
+_FORMAT_V2 = "sera_opt.RolloutPlanner/2"
 # Written before policies had a public configuration: policy name and options apart.
 _FORMAT_V1 = "sera_opt.RolloutPlanner/1"
 
@@ -42,6 +46,17 @@ _FORMAT_V1 = "sera_opt.RolloutPlanner/1"
 #: estimator agree; pass ``offset=0, min_rollouts=1`` for ``"success_average"``.
 DEFAULT_POLICY = "sera-fair"
 DEFAULT_POLICY_OPTIONS: dict[str, Any] = {"alpha": 1.0, "offset": 1, "min_rollouts": 2}
+
+#: The policy that a planner built without one allocates the later rounds of a step
+#: with. With :data:`DEFAULT_ROUNDS` rounds (:meth:`RolloutPlanner.start_rounds`, the
+#: trainers and :func:`integrations.torch_loop.maxrl_round_step` default to them) and
+#: the default first round (half the average count) it is the arm ``uniform:rounds=4``
+#: that won the rounds decision written down before its runs (docs/benchmarks.md,
+#: "Rounds within a step"): nowhere significantly below the static default, and above
+#: it on the hard mazes and on arithmetic. Its later rounds share their budget evenly
+#: among the prompts still without a success. The static default stays
+#: :data:`DEFAULT_POLICY` (uniform allocation in one round is clearly worse there).
+DEFAULT_ROUND_POLICY = "uniform"
 
 
 def _id_array(prompt_ids) -> np.ndarray:
@@ -63,7 +78,8 @@ class RolloutPlanner(LockedState):
     policy that declares ``"posterior"`` among its
     :attr:`~sera_opt.AllocationPolicy.extra_inputs` (``"sera-bayes"``, ``"hora"``)
     also receives the Beta posteriors. :meth:`observe` feeds the rewards of the
-    rollouts back into the tracker.
+    rollouts back into the tracker. :meth:`start_rounds` plans a step in rounds
+    instead, each on what the rounds before it showed.
 
     Thread safety: a planner may be shared between threads (``observe`` from
     a callback while the loop calls ``plan``). Its lock covers the swap in
@@ -79,19 +95,38 @@ class RolloutPlanner(LockedState):
         (``sera-fair`` at alpha 1, ``offset=1``, ``min_rollouts=2``: the pairing
         for the default ``maxrl_advantages`` estimator). A named policy takes its
         own defaults (offset 0, ``min_rollouts=1``): pass ``offset`` and
-        ``min_rollouts`` for the estimator you use.
+        ``min_rollouts`` for the estimator you use. A named policy (or an
+        instance) also allocates the later rounds of :meth:`start_rounds`; the
+        default planner allocates them with :data:`DEFAULT_ROUND_POLICY` instead
+        (see :attr:`round_policy`).
     tracker : SuccessTracker, optional
         Defaults to ``SuccessTracker()`` (fitted prior, no forgetting).
     **policy_options
         Passed to the policy's constructor (e.g. ``max_rollouts=32``,
         ``offset=1``).
+
+    Attributes
+    ----------
+    policy : AllocationPolicy
+        Allocates :meth:`plan` (and ``start_rounds(..., rounds=1)``).
+    round_policy : AllocationPolicy
+        Allocates the rounds after the first in :meth:`start_rounds`. The planner's
+        ``policy`` itself when one was named; for the default planner
+        :data:`DEFAULT_ROUND_POLICY` (``uniform``: each round's budget shared evenly
+        among the prompts still without a success) with the default policy's offset
+        and bounds, its cap of ``max_ratio`` times the average count included. This
+        pairing, in :data:`DEFAULT_ROUNDS` rounds, is the one the rounds decision
+        chose (docs/benchmarks.md).
     """
 
     def __init__(self, policy=None, tracker: SuccessTracker | None = None,
                  **policy_options: Any):
-        if policy is None:
+        default = policy is None
+        if default:
             policy, policy_options = DEFAULT_POLICY, {**DEFAULT_POLICY_OPTIONS, **policy_options}
         self.policy: AllocationPolicy = get_policy(policy, **policy_options)
+        self.round_policy: AllocationPolicy = (_default_round_policy(self.policy) if default
+                                               else self.policy)
         if tracker is None:
             tracker = SuccessTracker()
         elif not isinstance(tracker, SuccessTracker):
@@ -141,14 +176,17 @@ class RolloutPlanner(LockedState):
         return policy.allocate(success_probs, budget, min_rollouts=min_rollouts,
                                max_rollouts=max_rollouts, **allocate_options)
 
-    def _inputs(self, prompt_ids, allocate_options, caller: str, *, posterior: bool = False):
+    def _inputs(self, prompt_ids, allocate_options, caller: str, *, posterior: bool = False,
+                rounds: bool = False):
         """The policy and tracker of one state, the estimates for ``prompt_ids`` and the
         policy's inputs (the tracker's posterior where it takes one); ``posterior``: also
-        read the posterior for the caller's own use."""
+        read the posterior for the caller's own use; ``rounds``: the round policy, with
+        the planner's policy of the same state as the tracker's companion."""
         allocate_options = dict(allocate_options)
         with self._lock:
-            # The policy and the tracker of one state (load_state_dict swaps both).
-            policy, tracker = self.policy, self.tracker
+            # The policies and the tracker of one state (load_state_dict swaps them all).
+            static, tracker = self.policy, self.tracker
+            policy = self.round_policy if rounds else static
             prior = tracker.posterior(prompt_ids) if posterior else None
             if "posterior" in policy.extra_inputs:
                 if "posterior" in allocate_options:
@@ -170,22 +208,25 @@ class RolloutPlanner(LockedState):
                 f"prompt receives the sum of its rows' counts (at least min_rollouts per row). "
                 f"Pass each prompt once to plan it once.", SeraOptWarning, stacklevel=3)
         policy._check_inputs(allocate_options)
-        return policy, (tracker, prior), success_probs, allocate_options
+        return policy, (tracker, prior, static), success_probs, allocate_options
 
-    def start_rounds(self, prompt_ids, budget, *, rounds, first=None, round_budgets=None,
-                     min_rollouts=None, max_rollouts=None, observe=True,
+    def start_rounds(self, prompt_ids, budget, *, rounds=DEFAULT_ROUNDS, first=None,
+                     round_budgets=None, min_rollouts=None, max_rollouts=None, observe=True,
                      **allocate_options: Any):
         """Plan the step's ``budget`` in ``rounds`` rounds (THEORY.md section 9); returns a
         :class:`~sera_opt.rounds.RoundSession`.
 
-        Each round after the first is allocated by the planner's policy on the
-        tracker's posteriors updated with the step's outcomes so far. When the session
+        ``rounds`` defaults to :data:`DEFAULT_ROUNDS`. The first round gives every
+        prompt ``first`` rollouts; each round after it is allocated by
+        :attr:`round_policy` on the tracker's posteriors updated with the step's
+        outcomes so far, within the bounds of the planner's policy. When the session
         ends (its last :meth:`~sera_opt.rounds.RoundSession.record`, or
         :meth:`~sera_opt.rounds.RoundSession.stop`) the tracker receives every
         round's outcomes in one update: do not also :meth:`observe` them. With
         ``observe=False`` it does not, and the caller observes the rollouts itself (a
         data-parallel trainer observes every process's rollouts, not only its own). With
-        ``rounds=1`` the counts are those of :meth:`plan`, bit for bit.
+        ``rounds=1`` the counts are those of :meth:`plan` (the planner's
+        :attr:`policy`), bit for bit.
 
         ``first``, ``round_budgets``, ``min_rollouts`` and ``max_rollouts`` are those of
         :meth:`sera_opt.AllocationPolicy.start_rounds`; ``allocate_options`` the
@@ -196,8 +237,8 @@ class RolloutPlanner(LockedState):
         rounds = validate_count(rounds, "rounds", minimum=1)
         if not isinstance(observe, bool):
             raise SeraOptError(f"observe must be True or False; got {observe!r}.")
-        policy, (tracker, prior), success_probs, options = self._inputs(
-            prompt_ids, allocate_options, "start_rounds", posterior=True)
+        policy, (tracker, prior, static_policy), success_probs, options = self._inputs(
+            prompt_ids, allocate_options, "start_rounds", posterior=True, rounds=rounds > 1)
 
         def static():
             return policy.allocate(success_probs, budget, min_rollouts=min_rollouts,
@@ -209,6 +250,10 @@ class RolloutPlanner(LockedState):
             tracker.update(ids[index], rewards)
 
         a, b = prior
+        if policy is not static_policy and max_rollouts is None and policy.max_rollouts is None:
+            # The default round policy keeps the planner's cap (max_ratio times the
+            # average count), which the static policy computes per call.
+            max_rollouts = static_policy._call_bounds(a, budget, min_rollouts, None)[1]
         others = {k: v for k, v in options.items() if k != "posterior"}
         return policy._round_session(a / (a + b), budget, rounds, first, round_budgets,
                                      min_rollouts, max_rollouts, None, prior, others, static,
@@ -227,19 +272,25 @@ class RolloutPlanner(LockedState):
             return {
                 "format": _FORMAT,
                 "policy": self.policy.config(),
+                # None: the rounds use the policy itself.
+                "round_policy": (None if self.round_policy is self.policy
+                                 else self.round_policy.config()),
                 "tracker": self.tracker.state_dict(),
             }
 
     def load_state_dict(self, state: Mapping[str, Any], **objects: Any) -> RolloutPlanner:
         """Restore a :meth:`state_dict`, all or nothing: the tracker exactly, and the
-        policy rebuilt from its configuration. Returns ``self``.
+        policy (and the round policy) rebuilt from their configurations. Returns
+        ``self``. A state saved before planners had a round policy of their own
+        (format ``/2`` or ``/1``) plans its rounds with its policy, as it did then.
 
         A rejected state raises :class:`SeraOptError` and leaves the planner as it
         was. Options the state can only name (a solver that is not registered) are
         taken from the planner's current policy when it holds one of that name, or
         from ``objects`` (``load_state_dict(state, solver=my_solver)``).
         """
-        if not isinstance(state, Mapping) or state.get("format") not in (_FORMAT, _FORMAT_V1):
+        if not isinstance(state, Mapping) or state.get("format") not in (_FORMAT, _FORMAT_V2,
+                                                                          _FORMAT_V1):
             raise SeraOptError(
                 f"not a RolloutPlanner state (expected format {_FORMAT!r}); pass the dict that "
                 f"RolloutPlanner.state_dict() returned."
@@ -249,14 +300,18 @@ class RolloutPlanner(LockedState):
                 config = {"name": state["policy"], "options": dict(state["policy_options"])}
             else:
                 config = state["policy"]
+            round_config = state["round_policy"] if state["format"] == _FORMAT else None
             tracker_state = state["tracker"]
         except (KeyError, TypeError) as exc:
             raise SeraOptError(f"malformed RolloutPlanner state: missing {exc}.") from None
         with self._lock:
             policy = policy_from_config(config, **self._current_objects(config, objects))
+            round_policy = (policy if round_config is None else policy_from_config(
+                round_config, **self._current_objects(round_config, objects))
+            )
             tracker = SuccessTracker.from_state_dict(tracker_state)
-            # Both built and checked: swap them in together.
-            self.policy, self.tracker = policy, tracker
+            # All built and checked: swap them in together.
+            self.policy, self.round_policy, self.tracker = policy, round_policy, tracker
         return self
 
     def _current_objects(self, config, objects: dict[str, Any]) -> dict[str, Any]:
@@ -276,4 +331,13 @@ class RolloutPlanner(LockedState):
         return out
 
     def __repr__(self) -> str:
-        return f"RolloutPlanner(policy={self.policy!r}, tracker={self.tracker!r})"
+        rounds = ("" if self.round_policy is self.policy
+                  else f", round_policy={self.round_policy!r}")
+        return f"RolloutPlanner(policy={self.policy!r}{rounds}, tracker={self.tracker!r})"
+
+
+def _default_round_policy(policy: AllocationPolicy) -> AllocationPolicy:
+    """:data:`DEFAULT_ROUND_POLICY` with ``policy``'s offset and bounds (its ratio cap is
+    applied per call, by :meth:`RolloutPlanner.start_rounds`)."""
+    return get_policy(DEFAULT_ROUND_POLICY, offset=policy.offset,
+                      min_rollouts=policy.min_rollouts, max_rollouts=policy.max_rollouts)

@@ -486,6 +486,112 @@ def test_the_planner_session_updates_the_tracker_once_with_every_round():
     assert list(out.prompt_ids) == ids
 
 
+def _run_session(planner, ids, budget, p, seed, **options):
+    """Every round's counts of one planner session, on outcomes drawn from ``p``."""
+    rng = np.random.default_rng(seed)
+    session = planner.start_rounds(ids, budget, **options)
+    counts = []
+    while not session.done:
+        c = session.next_round()
+        counts.append(c)
+        session.record(rng.random(int(c.sum())) < np.repeat(p, c))
+    return np.array(counts), session.result()
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 24), st.integers(2, 12), st.integers(0, 2**32 - 1), st.booleans())
+def test_the_default_planner_in_rounds_is_the_winning_arm(m, per, seed, capped):
+    # The rounds decision chose uniform:rounds=4 within the experiment's bounds (2..4x the
+    # average count, offset 1): the default planner's session is that arm's, round by round.
+    rng = np.random.default_rng(seed)
+    ids = rng.choice(10_000, m, replace=False)
+    p = rng.beta(0.6, 1.2, m)
+    budget = per * m
+    cap = 4 * per
+    seen = (np.repeat(ids, 2), rng.random(2 * m) < 0.3)
+    default = sera_opt.RolloutPlanner(**({"max_rollouts": cap} if capped else {}))
+    arm = sera_opt.RolloutPlanner("uniform", offset=1, min_rollouts=2, max_rollouts=cap)
+    for planner in (default, arm):
+        planner.observe(*seen)
+    got, result = _run_session(default, ids, budget, p, seed)
+    want, _ = _run_session(arm, ids, budget, p, seed, rounds=4)
+    assert got.shape[0] == sera_opt.rounds.DEFAULT_ROUNDS == 4
+    np.testing.assert_array_equal(got, want)
+    assert result.counts.sum() == budget and result.counts.max() <= cap
+    # The first round is half the average count (at least the minimum of 2).
+    np.testing.assert_array_equal(got[0], np.full(m, max(per // 2, 2)))
+    # One round is the static default, sera-fair, not uniform.
+    assert np.array_equal(default.start_rounds(ids, budget, rounds=1).next_round(),
+                          default.plan(ids, budget).counts)
+
+
+def test_the_default_planner_has_a_round_policy_and_a_named_one_does_not():
+    default = sera_opt.RolloutPlanner(max_rollouts=24)
+    assert default.policy.name == sera_opt.planner.DEFAULT_POLICY == "sera-fair"
+    assert default.round_policy.name == sera_opt.planner.DEFAULT_ROUND_POLICY == "uniform"
+    assert (default.round_policy.offset, default.round_policy.min_rollouts,
+            default.round_policy.max_rollouts) == (1, 2, 24)
+    assert "round_policy=UniformPolicy" in repr(default)
+    named = sera_opt.RolloutPlanner("sera-fair", alpha=1.0, offset=1, min_rollouts=2)
+    assert named.round_policy is named.policy and "round_policy" not in repr(named)
+    # The named policy allocates its rounds: a session of sera-fair, not of uniform.
+    p = np.array([0.9, 0.5, 0.05, 0.01])
+    named.observe(np.repeat(np.arange(4), 40), np.repeat(p, 40) > np.tile(
+        np.linspace(0, 1, 40, endpoint=False), 4))
+    session = named.start_rounds(np.arange(4), 32, first=2)
+    session.next_round()
+    session.record(np.zeros(8))
+    policy_counts = session.next_round()
+    assert policy_counts.sum() == 8
+    assert not np.array_equal(policy_counts, np.full(4, 2))
+
+
+def test_the_round_policy_survives_the_state_and_old_states_keep_theirs():
+    default = sera_opt.RolloutPlanner(max_rollouts=24)
+    state = default.state_dict()
+    assert state["format"] == "sera_opt.RolloutPlanner/3"
+    assert state["round_policy"] == {"name": "uniform",
+                                     "options": {"min_rollouts": 2, "max_rollouts": 24, "offset": 1}}
+    restored = sera_opt.RolloutPlanner("sera", offset=1).load_state_dict(state)
+    assert restored.policy.config() == default.policy.config()
+    assert restored.round_policy.config() == default.round_policy.config()
+    assert restored.round_policy is not restored.policy
+    named = sera_opt.RolloutPlanner("sera-fair", offset=1)
+    assert named.state_dict()["round_policy"] is None
+    assert default.load_state_dict(named.state_dict()).round_policy is default.policy
+    # A state of format /2 has no round policy: its rounds use its policy, as they did.
+    old = {**state, "format": "sera_opt.RolloutPlanner/2"}
+    del old["round_policy"]
+    assert sera_opt.RolloutPlanner().load_state_dict(old).round_policy.name == "sera-fair"
+    broken = dict(state)
+    del broken["round_policy"]
+    before = default.round_policy
+    with pytest.raises(sera_opt.SeraOptError, match="missing 'round_policy'"):
+        default.load_state_dict(broken)
+    assert default.round_policy is before
+
+
+def test_the_default_round_policy_keeps_the_planner_cap():
+    # sera-fair caps a prompt at ceil(4 x the average count) when no max_rollouts is
+    # given; the default rounds keep that cap, so a hopeless prompt cannot take the
+    # later rounds' whole budget (uniform alone has no cap: it would reach 36).
+    planner = sera_opt.RolloutPlanner()
+    session = planner.start_rounds(np.arange(8), 64, first=4)
+    assert session.round_budgets == (32, 11, 11, 10)
+    session.next_round()
+    session.record(np.r_[np.zeros(4), np.ones(28)])  # only prompt 0 fails
+    while not session.done:
+        session.record(np.zeros(int(session.next_round().sum())))
+    counts = session.result().counts
+    assert counts[0] == 32 == math.ceil(4 * 64 / 8) and counts.sum() == 64
+
+
+def test_policy_sessions_take_the_default_rounds():
+    policy = sera_opt.get_policy("uniform", offset=1)
+    session = policy.start_rounds(np.full(5, 0.3), 40)
+    assert session.rounds == sera_opt.rounds.DEFAULT_ROUNDS and session.round_budgets == (20, 7, 7, 6)
+
+
 def test_the_planner_session_leaves_the_tracker_to_the_caller_when_asked():
     planner = sera_opt.RolloutPlanner(max_rollouts=24)
     session = planner.start_rounds(range(6), 36, rounds=3, observe=False)

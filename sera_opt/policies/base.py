@@ -22,6 +22,7 @@ from ..problem import (
     validate_success_probs,
 )
 from ..result import Allocation
+from ..rounds.session import DEFAULT_ROUNDS
 
 __all__ = [
     "AllocationPolicy",
@@ -280,7 +281,7 @@ class AllocationPolicy(ABC):
                                max_rollouts=max_rollouts)
         return self._allocate(problem, **inputs)
 
-    def start_rounds(self, success_probs, budget, *, rounds, first=None, round_budgets=None,
+    def start_rounds(self, success_probs, budget, *, rounds=DEFAULT_ROUNDS, first=None, round_budgets=None,
                      min_rollouts=None, max_rollouts=None, **inputs: Any):
         """Spend ``budget`` over ``rounds`` rounds, allocating each on what the earlier
         ones showed (THEORY.md section 9); returns a :class:`~sera_opt.rounds.RoundSession`.
@@ -298,7 +299,7 @@ class AllocationPolicy(ABC):
             The step's rollouts over all rounds; spent exactly unless the session is
             stopped early (:meth:`~sera_opt.rounds.RoundSession.stop`).
         rounds : int
-            ``R >= 1``.
+            ``R >= 1``; default :data:`sera_opt.rounds.DEFAULT_ROUNDS` (4).
         first : int, optional
             Rollouts per prompt in the first, non-adaptive round (at least the prompt's
             ``min_rollouts``). Default: half the average count, ``budget // (2 M)``, and

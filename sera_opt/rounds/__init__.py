@@ -3,8 +3,8 @@ several rounds, and the exact scale of a per-prompt round rule (THEORY.md sectio
 
 from .reinforce_ada import ReinforceAda, ReinforceAdaSession, reinforce_ada_scale
 from .scales import BASELINES, RuleScale, balanced_rule, first_success_rule, fixed_rule, rule_scale
-from .session import RoundResult, RoundSession, round_budgets
+from .session import DEFAULT_ROUNDS, RoundResult, RoundSession, round_budgets
 
-__all__ = ["RoundSession", "RoundResult", "round_budgets", "RuleScale", "rule_scale",
+__all__ = ["RoundSession", "RoundResult", "round_budgets", "DEFAULT_ROUNDS", "RuleScale", "rule_scale",
            "fixed_rule", "first_success_rule", "balanced_rule", "BASELINES", "ReinforceAda",
            "ReinforceAdaSession", "reinforce_ada_scale"]

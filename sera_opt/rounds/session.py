@@ -45,6 +45,12 @@ from ..separable.levels import expected_factors
 from ..separable.objective import KernelObjective, SeparableObjective, solve_validated
 from ..separable.tiers import even_increments
 
+#: The rounds a step is sampled in when none are named: the arm that won the rounds
+#: decision written down before its runs (docs/benchmarks.md, "Rounds within a step")
+#: samples in 4 rounds, the number Reinforce-Ada uses. See
+#: :data:`sera_opt.planner.DEFAULT_ROUND_POLICY` for the policy of its later rounds.
+DEFAULT_ROUNDS = 4
+
 __all__ = ["RoundSession", "RoundResult", "round_budgets"]
 
 
