@@ -6,16 +6,14 @@ MLP over the one-hot digits, so it starts near chance (success probability about
 0.1 on most prompts) and has to learn each prompt's answer: 16 pairs, 8 per step,
 8 rollouts per pair on average.
 
-Each step takes a batch of prompts, lets the planner decide how many of the
-``budget`` rollouts each prompt gets, samples one answer per row, and follows
-``sera_opt.integrations.torch_loop.maxrl_step``: advantages, loss, backward, and
-the rewards go back to the planner.
+Each step takes a batch of prompts and follows the library's default step,
+``sera_opt.integrations.torch_loop.maxrl_round_step``: the ``budget`` rollouts are
+sampled in 4 rounds, a first look at every prompt, then the rest where no answer has
+been right yet, one sampling call per round; then advantages, loss, backward, and the
+rewards go back to the planner. ``--rounds R`` samples in R rounds; ``--rounds 1``
+follows ``maxrl_step`` instead (the planner decides every count before sampling).
 
-With ``--rounds R`` each step is sampled in R rounds at the same budget
-(``maxrl_round_step``): a first look at every prompt, then the rest where no answer
-has been right yet, one sampling call per round.
-
-Run: ``python examples/torch_loop_example.py [--steps 40] [--policy sera|uniform] [--rounds 3]``
+Run: ``python examples/torch_loop_example.py [--steps 40] [--policy sera|uniform] [--rounds 1]``
 """
 
 from __future__ import annotations
@@ -30,6 +28,7 @@ from torch import nn
 
 import sera_opt
 from sera_opt.integrations.torch_loop import RolloutPlan, maxrl_round_step, maxrl_step
+from sera_opt.rounds import DEFAULT_ROUNDS
 
 
 class DigitSumPolicy(nn.Module):
@@ -55,7 +54,7 @@ def train(
     seed: int = 0,
     learning_rate: float = 0.05,
     verbose: bool = True,
-    rounds: int = 1,
+    rounds: int = DEFAULT_ROUNDS,
 ) -> list[dict]:
     """Train and return one record per step (success rate, counts, loss).
 
@@ -73,7 +72,8 @@ def train(
         Allocation policy of the planner (a registered name); None: the library's
         default (``sera_opt.planner.DEFAULT_POLICY``).
     rounds : int
-        Rounds per step (1: one plan before sampling).
+        Rounds per step (default ``sera_opt.rounds.DEFAULT_ROUNDS``, 4; 1: one plan
+        before sampling).
     """
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
@@ -138,7 +138,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--policy", choices=sera_opt.available_policies(), default=None,
                         help="allocation policy (default: the library's default)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--rounds", type=int, default=1, help="rounds per step (default 1)")
+    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
+                        help=f"rounds per step (default {DEFAULT_ROUNDS}; 1: one plan per step)")
     options = parser.parse_args(argv)
     torch.set_num_threads(1)
     history = train(steps=options.steps, policy=options.policy, seed=options.seed,

@@ -14,8 +14,20 @@ the model:
 4. :func:`observe` feeds the rewards back to the planner, so that the next plan
    uses them.
 
-:func:`maxrl_step` chains the four around a callable that does part 2. A typical
-loop::
+:func:`maxrl_round_step` is the default step: it samples the step's budget in
+:data:`sera_opt.rounds.DEFAULT_ROUNDS` (4) rounds, each planned on the rewards of the
+rounds before it, around a callable that does part 2 for one round (one generation
+call per round; the schedule the rounds decision chose, docs/benchmarks.md)::
+
+    planner = sera_opt.RolloutPlanner(max_rollouts=32)   # the default policies
+    for prompt_ids in batches:                           # M distinct prompt ids
+        out = maxrl_round_step(planner, prompt_ids, 8 * len(prompt_ids), rollout_fn)
+        out.loss.backward(); optimizer.step(); optimizer.zero_grad()
+
+where ``rollout_fn(plan)`` samples and scores one completion per row of ``plan`` and
+returns ``(log_probs, rewards)`` or ``(log_probs, rewards, mask)``.
+:func:`maxrl_step` is the static step, the whole plan in one generation call; it
+chains the four parts the same way. By hand::
 
     planner = sera_opt.RolloutPlanner(min_rollouts=2, max_rollouts=16)  # the default policy
     for prompt_ids in batches:                      # M distinct prompt ids
@@ -43,6 +55,7 @@ import torch
 import sera_opt
 from sera_opt.exceptions import SeraOptError, SeraOptWarning
 from sera_opt.integrations import _common
+from sera_opt.rounds import DEFAULT_ROUNDS
 
 __all__ = [
     "LOSS_MODES",
@@ -616,7 +629,7 @@ def maxrl_round_step(
     budget: int,
     rollout_fn: Callable[[RolloutPlan], Any],
     *,
-    rounds: int,
+    rounds: int = DEFAULT_ROUNDS,
     first: int | None = None,
     round_budgets: Sequence[int] | None = None,
     mode: str | None = None,
@@ -644,7 +657,12 @@ def maxrl_round_step(
     rollout_fn : callable
         As in :func:`maxrl_step`, called once per round.
     rounds, first, round_budgets
-        As in :meth:`sera_opt.RolloutPlanner.start_rounds`.
+        As in :meth:`sera_opt.RolloutPlanner.start_rounds`: by default
+        :data:`sera_opt.rounds.DEFAULT_ROUNDS` (4) rounds, the first giving every
+        prompt half the average count, the rest split evenly over the later rounds
+        (the schedule the rounds decision chose, docs/benchmarks.md). With the default
+        planner the later rounds share their budget evenly among the prompts still
+        without a success (:attr:`sera_opt.RolloutPlanner.round_policy`).
     mode, estimator, multiplicity_correction, success_threshold
         As in :func:`maxrl_loss`.
 

@@ -11,10 +11,11 @@
   rollouts before dividing by a batch-wide count, see :data:`LOSS_TYPE_TO_MODE`);
 * logs :func:`sera_opt.advantage_diagnostics` and the allocation with the
   trainer's metrics (``sera/...``), and feeds the rewards back to the planner;
-* with ``rounds=R`` generates each step's completions in R calls of the backend
-  (THEORY.md section 9): a first look of ``first_round`` completions per prompt,
-  then the rest of the same fixed budget where the planner sends it, each round
-  scored by the trainer's reward functions before the next is planned;
+* generates each step's completions in ``rounds`` calls of the backend (THEORY.md
+  section 9; by default 4, the schedule the rounds decision chose): a first look of
+  ``first_round`` completions per prompt, then the rest of the same fixed budget
+  where the planner sends it, each round scored by the trainer's reward functions
+  before the next is planned (``rounds=1``: the whole plan in one call);
 * saves the planner's state with every checkpoint and restores it on resume;
 * refuses, with :class:`sera_opt.SeraOptError`, configurations whose counts or
   advantages it could not honour (see :func:`check_grpo_config`).
@@ -136,7 +137,8 @@ def stable_prompt_id(prompt: Any) -> int:
 def default_planner(estimator: str = "mean_centred", num_generations: int | None = None):
     """The planner :class:`SeraGRPOTrainer` uses when none is given.
 
-    The library's default policy (:data:`sera_opt.planner.DEFAULT_POLICY`) with the
+    The library's default planner (:data:`sera_opt.planner.DEFAULT_POLICY`, and
+    :data:`sera_opt.planner.DEFAULT_ROUND_POLICY` for the later rounds) with the
     offset of the estimator (``c = 1`` for ``"mean_centred"``, whose prompts need at
     least 2 rollouts to carry any signal, ``c = 0`` for ``"success_average"``),
     ``min_rollouts`` 2 (1 for ``"success_average"``) and ``max_rollouts = 4 *
@@ -150,6 +152,16 @@ def default_planner(estimator: str = "mean_centred", num_generations: int | None
     if num_generations is not None:
         options["max_rollouts"] = _common.default_max_rollouts(num_generations)
     return sera_opt.RolloutPlanner(**options)
+
+
+def _rounds_unavailable(kwargs: dict[str, Any]) -> str | None:
+    """Why the trainer built with GRPOTrainer's ``kwargs`` cannot sample in rounds, or None."""
+    if kwargs.get("tools") or kwargs.get("environment_factory"):
+        return "tools and environment_factory set up their per-row state for one generation call per step"
+    columns = getattr(kwargs.get("train_dataset"), "column_names", None)
+    if isinstance(columns, (list, tuple)) and ({"image", "images"} & set(columns)):
+        return "image prompts (an image or images column) build their multimodal messages for one generation call"
+    return None
 
 
 def check_grpo_config(
@@ -270,18 +282,24 @@ class SeraGRPOTrainer(GRPOTrainer):
         (:func:`stable_prompt_id`).
     history_size : int
         Number of generation batches kept in :attr:`sera_history`.
-    rounds : int
-        Generation calls per step (default 1: the whole plan in one call). With
-        ``rounds=R >= 2`` each process runs a :class:`sera_opt.RoundSession` over its
-        prompts: round 1 gives every prompt ``first_round`` completions, the later
-        rounds split the rest of the process's share of the generation batch and go
-        where the planner sends them, each scored before the next is planned. The
-        total per step stays ``generation_batch_size``; the advantages use the
-        first-round baseline (``round_index``). Every process runs the same rounds
-        with the same number of rows, so the backend's collective calls line up.
-        Costs one generation call (and one reward call) per round. Not available
-        with ``tools`` or ``environment_factory`` (their per-row state is set up for
-        one generation call) or with image prompts.
+    rounds : int or None
+        Generation calls per step. None (the default):
+        :data:`sera_opt.rounds.DEFAULT_ROUNDS` (4), the schedule the rounds decision
+        chose (docs/benchmarks.md), or 1 with a warning where rounds are not
+        available (below). ``rounds=1``: the whole plan in one call, by the planner's
+        ``policy``. With ``rounds=R >= 2`` each process runs a
+        :class:`sera_opt.RoundSession` over its prompts: round 1 gives every prompt
+        ``first_round`` completions, the later rounds split the rest of the process's
+        share of the generation batch and go where the planner's ``round_policy``
+        sends them (the default planner: evenly among the prompts still without a
+        success), each scored before the next is planned. The total per step stays
+        ``generation_batch_size``; the advantages use the first-round baseline
+        (``round_index``). Every process runs the same rounds with the same number
+        of rows, so the backend's collective calls line up. Costs one generation call
+        (and one reward call) per round. Not available with ``tools`` or
+        ``environment_factory`` (their per-row state is set up for one generation
+        call) or with image prompts (a dataset with an ``image`` or ``images``
+        column).
     first_round : int, optional
         Completions per prompt in the first round (default: half of
         ``num_generations``); a prompt gets at least its ``min_rollouts`` in it
@@ -314,7 +332,7 @@ class SeraGRPOTrainer(GRPOTrainer):
         success_threshold: float | None = None,
         prompt_id_column: str | None = "prompt_id",
         history_size: int = 256,
-        rounds: int = 1,
+        rounds: int | None = None,
         first_round: int | None = None,
         **kwargs: Any,
     ):
@@ -346,17 +364,19 @@ class SeraGRPOTrainer(GRPOTrainer):
         self.sera_prompt_id_column = prompt_id_column
         self.sera_loss_mode = loss_mode(args.loss_type)
         self.sera_history: deque[dict[str, Any]] = deque(maxlen=history_size)
-        self.sera_rounds, self.sera_first_round = _common.check_rounds(rounds, first_round)
+        rounds, self.sera_first_round = _common.check_rounds(rounds, first_round)
+        self.sera_rounds = _common.resolve_rounds(
+            rounds, first_round, _rounds_unavailable(kwargs), stacklevel=3
+        )
         self._sera_plan: RolloutPlan | None = None
         self._sera_generated_counts: np.ndarray | None = None
         self._sera_rewards_per_func: torch.Tensor | None = None
         self._sera_pregenerated: tuple | None = None
         self._sera_round_rewards: torch.Tensor | None = None
-        if self.sera_rounds > 1 and (kwargs.get("tools") or kwargs.get("environment_factory")):
+        if self.sera_rounds > 1 and _rounds_unavailable(kwargs):
             raise SeraOptError(
-                "rounds > 1 is not available with tools or environment_factory: their per-row state is set up for "
-                "one generation call per step. Use rounds=1, or drive the rounds yourself with "
-                "sera_opt.integrations.torch_loop.maxrl_round_step."
+                f"rounds={self.sera_rounds} is not available: {_rounds_unavailable(kwargs)}. Use rounds=1, or drive "
+                "the rounds yourself with sera_opt.integrations.torch_loop.maxrl_round_step."
             )
         super().__init__(model, reward_funcs, args, **kwargs)
 

@@ -11,12 +11,13 @@ for a few optimizer steps, and prints one JSON line per step::
 ``generated_counts`` the completions the generation backend returned for each of
 them; the demo exits with status 1 if they ever differ.
 
-With ``--rounds R`` each step's completions are generated in R calls (a first
-look, then the rest of the same budget where the planner sends it); each line then
-also carries ``rounds`` (the rounds used), ``round_budgets`` (completions per round)
-and ``round_counts`` (per round, each prompt's completions).
+Each step's completions are generated in ``--rounds R`` calls (default: the
+trainer's, 4 rounds: a first look, then the rest of the same budget where the
+planner sends it; ``--rounds 1``: one call); with R >= 2 each line also carries
+``rounds`` (the rounds used), ``round_budgets`` (completions per round) and
+``round_counts`` (per round, each prompt's completions).
 
-Run: ``python -m sera_opt.integrations.trl_demo [--steps 6] [--loss-type dapo] [--rounds 2]``.
+Run: ``python -m sera_opt.integrations.trl_demo [--steps 6] [--loss-type dapo] [--rounds 1]``.
 Nothing is downloaded (``HF_HUB_OFFLINE=1`` is set before transformers loads).
 """
 
@@ -78,7 +79,10 @@ def _parser() -> argparse.ArgumentParser:
         help="MaxRL estimator",
     )
     parser.add_argument(
-        "--rounds", type=int, default=1, help="generation calls per step (default 1)"
+        "--rounds",
+        type=int,
+        default=None,
+        help=f"generation calls per step (default: the trainer's, {sera_opt.rounds.DEFAULT_ROUNDS})",
     )
     parser.add_argument(
         "--first-round",
@@ -100,7 +104,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    if options.rounds < 1 or (options.first_round is not None and options.first_round < 1):
+    if (options.rounds is not None and options.rounds < 1) or (
+        options.first_round is not None and options.first_round < 1
+    ):
         print("--rounds and --first-round must be >= 1", file=sys.stderr)
         return 2
     if options.num_prompts < options.prompts_per_step:

@@ -18,9 +18,9 @@ Written against verl 0.9.1. Importing this module (``pip install 'sera_opt[verl]
   (:mod:`sera_opt.integrations._verl_trainer`, registered by :func:`register_trainers`)
   plan the counts with a :class:`sera_opt.RolloutPlanner` at every step, feed the
   outcomes back to it, log :func:`sera_opt.advantage_diagnostics` and checkpoint it;
-  with ``algorithm.sera_maxrl.rounds=R >= 2``, ``sera_sync`` generates each step in
-  R rounds through verl's agent loop (:func:`round_groups` gives the estimator
-  each row's prompt and round);
+  ``sera_sync`` generates each step in ``algorithm.sera_maxrl.rounds`` rounds
+  through verl's agent loop (by default 4, the schedule the rounds decision chose;
+  :func:`round_groups` gives the estimator each row's prompt and round);
 * lets verl's ``apply_monkey_patch`` run beside trl 1.16, which lacks the value-head
   class verl patches when trl is installed (:mod:`sera_opt.integrations._verl_compat`;
   applied only when the installed versions need it).
@@ -55,7 +55,7 @@ import numbers
 import uuid
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -172,7 +172,8 @@ class SeraMaxRLConfig:
         None: rewards must be exactly 0 or 1.
     policy : str or None
         Allocation policy of the planner (:func:`sera_opt.get_policy` names). None: the
-        library's default (:data:`sera_opt.planner.DEFAULT_POLICY`).
+        library's default (:data:`sera_opt.planner.DEFAULT_POLICY`, and
+        :data:`sera_opt.planner.DEFAULT_ROUND_POLICY` for the rounds after the first).
     min_rollouts, max_rollouts : int or None
         Bounds on each prompt's count. None: 2 (mean-centred) or 1 (success-average)
         for the minimum, and 4 x ``actor_rollout_ref.rollout.n`` for the maximum.
@@ -182,13 +183,18 @@ class SeraMaxRLConfig:
     policy_options, tracker_options : dict
         Extra keyword arguments for :class:`sera_opt.RolloutPlanner` (passed on to the
         policy) and :class:`sera_opt.SuccessTracker` (empty: the planner's default).
-    rounds : int
-        Generation calls per step (THEORY.md section 9). 1 (the default): the whole
-        plan in one call. ``R >= 2`` (``sera_sync`` only): the trainer submits the
-        step's prompts R times through verl's agent loop, each round with the counts
-        a :class:`sera_opt.RoundSession` gives on the rewards of the rounds before
-        it; the step still spends ``M * rollout.n`` rollouts, and the estimator
-        takes the mean-centred baseline from the first round.
+    rounds : int or None
+        Generation calls per step (THEORY.md section 9). ``R >= 2`` (``sera_sync``
+        only): the trainer submits the step's prompts R times through verl's agent
+        loop, each round with the counts a :class:`sera_opt.RoundSession` gives on
+        the rewards of the rounds before it; the step still spends ``M * rollout.n``
+        rollouts, and the estimator takes the mean-centred baseline from the first
+        round. 1: the whole plan in one call. None (the default), resolved by
+        :func:`check_trainer_config`: :data:`sera_opt.rounds.DEFAULT_ROUNDS` (4, the
+        schedule the rounds decision chose, docs/benchmarks.md) in ``sera_sync``; 1
+        in the asynchronous modes, which sample each step in one call; and 1, with a
+        warning, where ``sera_sync`` runs a feature that rounds cannot honour (listed
+        there).
     first_round : int or None
         Rollouts per prompt in the first round (needs ``rounds >= 2``). None: half of
         ``rollout.n``; a prompt gets at least its ``min_rollouts`` in it.
@@ -203,7 +209,7 @@ class SeraMaxRLConfig:
     prompt_key: str = "index"
     policy_options: Mapping[str, Any] = field(default_factory=dict)
     tracker_options: Mapping[str, Any] = field(default_factory=dict)
-    rounds: int = 1
+    rounds: int | None = None
     first_round: int | None = None
 
     def __post_init__(self):
@@ -886,7 +892,8 @@ def check_trainer_config(config: Any) -> SeraMaxRLConfig:
     Returns
     -------
     SeraMaxRLConfig
-        The validated ``algorithm.sera_maxrl`` block.
+        The validated ``algorithm.sera_maxrl`` block, with ``rounds`` resolved (see
+        :attr:`SeraMaxRLConfig.rounds`).
 
     Raises
     ------
@@ -928,9 +935,33 @@ def check_trainer_config(config: Any) -> SeraMaxRLConfig:
             f"{mean_count!r}."
         )
     _bounds(options, int(mean_count))
+    if options.rounds is None:
+        options = replace(options, rounds=_default_rounds(config, options))
     if options.rounds > 1:
         _check_round_config(config, options, int(mean_count))
     return options
+
+
+def _default_rounds(config: Any, options: SeraMaxRLConfig) -> int:
+    """The rounds of a config that names none: the library's default in ``sera_sync``
+    where nothing refuses them, 1 otherwise (with a warning in ``sera_sync``)."""
+    mode = _select(config, "trainer.v1.trainer_mode")
+    if mode not in (None, "sera_sync"):
+        if options.first_round is not None:
+            raise SeraOptError(
+                f"algorithm.sera_maxrl.first_round asks for rounds, which trainer mode {mode!r} cannot "
+                "run (only sera_sync can); drop first_round."
+            )
+        return 1
+    refused = [reason for refused, reason in _round_refusals(config) if refused]
+    return _common.resolve_rounds(
+        None,
+        options.first_round,
+        refused[0] if refused else None,
+        option="algorithm.sera_maxrl.rounds",
+        first_option="algorithm.sera_maxrl.first_round",
+        stacklevel=4,
+    )
 
 
 def _check_round_config(config: Any, options: SeraMaxRLConfig, mean_count: int) -> None:
@@ -949,7 +980,18 @@ def _check_round_config(config: Any, options: SeraMaxRLConfig, mean_count: int) 
             f"actor_rollout_ref.rollout.n={mean_count}: the first round alone would spend more than "
             "the step's budget of rollout.n per prompt. Lower first_round or raise rollout.n."
         )
-    refusals = [
+    for refused, reason in _round_refusals(config):
+        if refused:
+            raise SeraOptError(
+                f"algorithm.sera_maxrl.rounds={options.rounds}: {reason}, or set "
+                "algorithm.sera_maxrl.rounds=1."
+            )
+
+
+def _round_refusals(config: Any) -> list[tuple[bool, str]]:
+    """The features of ``config`` that ``sera_sync``'s rounds cannot honour: (on, why
+    and how to turn it off)."""
+    return [
         (
             bool(_select(config, "algorithm.filter_groups.enable", False)),
             "algorithm.filter_groups.enable=true (DAPO) evicts and refills prompt groups, which "
@@ -985,9 +1027,6 @@ def _check_round_config(config: Any, options: SeraMaxRLConfig, mean_count: int) 
             "skip.rollout_tq.enable=false",
         ),
     ]
-    for refused, reason in refusals:
-        if refused:
-            raise SeraOptError(f"algorithm.sera_maxrl.rounds={options.rounds}: {reason}.")
 
 
 # --------------------------------------------------------------------------- trainer modes

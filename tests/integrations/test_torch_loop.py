@@ -370,11 +370,11 @@ def test_maxrl_step_rejects_a_bad_rollout_function():
 # --------------------------------------------------------------------------------- example
 
 
-def test_example_trains_the_tiny_policy():
+def test_example_trains_the_tiny_policy_with_one_plan_per_step():
     spec = importlib.util.spec_from_file_location("torch_loop_example", EXAMPLE)
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
-    history = example.train(steps=30, verbose=False)
+    history = example.train(steps=30, verbose=False, rounds=1)
     assert len(history) == 30
     assert all(sum(record["counts"]) == 64 for record in history)
     assert any(len(set(record["counts"])) > 1 for record in history), (
@@ -386,12 +386,15 @@ def test_example_trains_the_tiny_policy():
     assert history[-1]["greedy_accuracy"] > history[0]["greedy_accuracy"]
 
 
-def test_example_trains_the_tiny_policy_in_rounds():
+@pytest.mark.parametrize("rounds", [None, 3])
+def test_example_trains_the_tiny_policy_in_rounds(rounds):
     spec = importlib.util.spec_from_file_location("torch_loop_example", EXAMPLE)
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
-    history = example.train(steps=30, verbose=False, rounds=3)
-    assert all(sum(record["counts"]) == 64 and record["rounds"] == 3 for record in history)
+    options = {} if rounds is None else {"rounds": rounds}
+    history = example.train(steps=30, verbose=False, **options)
+    expected = 4 if rounds is None else rounds  # the default: sera_opt.rounds.DEFAULT_ROUNDS
+    assert all(sum(record["counts"]) == 64 and record["rounds"] == expected for record in history)
     first = np.mean([r["batch_success_rate"] for r in history[:5]])
     last = np.mean([r["batch_success_rate"] for r in history[-5:]])
     assert last > first + 0.2, (first, last)

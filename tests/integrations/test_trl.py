@@ -1,4 +1,8 @@
-"""SeraGRPOTrainer (trl 1.16) on CPU, offline, with a 2-layer GPT-2 and a character-level tokenizer."""
+"""SeraGRPOTrainer (trl 1.16) on CPU, offline, with a 2-layer GPT-2 and a character-level tokenizer.
+
+The trainer's static step (``rounds=1``: the whole plan in one generation call); its default, a step in
+rounds, is tested in test_trl_rounds.py.
+"""
 
 from __future__ import annotations
 
@@ -232,6 +236,7 @@ def trained(tmp_path_factory, tokenizer, prompts):
         train_dataset=_dataset(prompts),
         processing_class=tokenizer,
         planner=_seeded_planner(),
+        rounds=1,  # the static trainer; the default (rounds) is tested in test_trl_rounds.py
     )
     trainer.train()
     return {"trainer": trainer, "recorder": recorder, "before": before, "output_dir": output_dir}
@@ -322,6 +327,7 @@ def test_planner_state_is_saved_and_restored(trained, tokenizer, prompts):
         train_dataset=_dataset(prompts),
         processing_class=tokenizer,
         planner=fresh_planner,
+        rounds=1,
     )
     resumed.train(resume_from_checkpoint=str(checkpoint))
     assert resumed.state.global_step == 4
@@ -397,7 +403,7 @@ def fake_vllm_server_trainer(tmp_path, tokenizer, prompts, **options):
         train_dataset=_dataset(prompts),
         processing_class=tokenizer,
         planner=_seeded_planner(),
-        **options,
+        **{"rounds": 1, **options},
     )
     client = _FakeVLLMClient(tokenizer.eos_token_id, len(tokenizer))
     # TRL's own server-mode code path, with the HTTP client replaced.
@@ -608,6 +614,7 @@ def test_trl_options_keep_the_planned_counts(tmp_path, tokenizer, prompts, optio
         train_dataset=_dataset(prompts),
         processing_class=tokenizer,
         planner=_seeded_planner(),
+        rounds=1,
     )
     trainer.train()
     assert trainer.state.global_step == 3

@@ -7,6 +7,7 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import warnings  # noqa: E402
 from collections import Counter  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -18,6 +19,9 @@ from tests.markers import has_module, requires_trl  # noqa: E402
 pytestmark = [requires_trl, pytest.mark.trl]
 
 if has_module("trl"):
+    from datasets import Dataset
+    from trl import GRPOTrainer
+
     import sera_opt
     from sera_opt.exceptions import SeraOptError
     from sera_opt.integrations._trl_tiny import build_tiny_model, build_tokenizer, make_prompts
@@ -38,13 +42,23 @@ if has_module("trl"):
 ROUNDS = 3
 
 
-def _trainer(args, tokenizer, prompts, *, cls=None, model=None, reward_funcs=None, **options):
+def _trainer(
+    args,
+    tokenizer,
+    prompts,
+    *,
+    cls=None,
+    model=None,
+    reward_funcs=None,
+    train_dataset=None,
+    **options,
+):
     """A trainer on the tiny model and the seeded planner; ``options`` go to the trainer."""
     return (cls or SeraGRPOTrainer)(
         model=build_tiny_model(tokenizer) if model is None else model,
         reward_funcs=_RewardRecorder() if reward_funcs is None else reward_funcs,
         args=args,
-        train_dataset=_dataset(prompts),
+        train_dataset=_dataset(prompts) if train_dataset is None else train_dataset,
         processing_class=tokenizer,
         **{"planner": _seeded_planner(), **options},
     )
@@ -151,22 +165,98 @@ def test_round_diagnostics_are_logged(trained):
 
 
 def test_one_round_is_the_static_trainer(tmp_path, tokenizer, prompts):
-    runs = []
-    for rounds in (None, 1):
-        recorder = _RewardRecorder()
-        options = {} if rounds is None else {"rounds": rounds}
-        trainer = _trainer(
-            _config(tmp_path / str(rounds), max_steps=2),
-            tokenizer,
-            prompts,
-            reward_funcs=recorder,
-            **options,
+    # rounds=1: one generation and one reward call per step, with the counts of the
+    # planner's plan() on the same evidence, as before rounds existed.
+    recorder = _RewardRecorder()
+    trainer = _trainer(
+        _config(tmp_path, max_steps=2), tokenizer, prompts, reward_funcs=recorder, rounds=1
+    )
+    trainer.train()
+    assert trainer.sera_rounds == 1 and len(recorder.calls) == 2
+    replay = _seeded_planner()
+    for record, call in zip(trainer.sera_history, recorder.calls, strict=True):
+        planned = replay.plan(record["prompt_ids"], ROWS).counts.tolist()
+        assert record["allocated_counts"] == planned
+        assert call["prompts"] == [
+            prompts[i] for i, n in zip(record["prompt_ids"], planned) for _ in range(n)
+        ]
+        replay.observe(
+            [i for i, n in zip(record["prompt_ids"], planned) for _ in range(n)], call["rewards"]
         )
-        trainer.train()
-        runs.append(([r["allocated_counts"] for r in trainer.sera_history], recorder.calls))
-    assert runs[0][0] == runs[1][0]
-    assert [c["prompts"] for c in runs[0][1]] == [c["prompts"] for c in runs[1][1]]
-    assert all("rounds" not in r for r in trainer.sera_history)
+        assert "rounds" not in record
+
+
+def test_the_default_is_four_rounds_with_uniform_later_rounds(tmp_path, tokenizer, prompts):
+    # No planner, no rounds: the trainer samples each step as the rounds decision's arm did.
+    recorder = _RewardRecorder()
+    trainer = _trainer(
+        _config(tmp_path, max_steps=2), tokenizer, prompts, reward_funcs=recorder, planner=None
+    )
+    assert trainer.sera_rounds == sera_opt.rounds.DEFAULT_ROUNDS == 4
+    assert trainer.sera_first_round is None
+    planner = trainer.sera_planner
+    assert (planner.policy.name, planner.round_policy.name) == ("sera-fair", "uniform")
+    assert (planner.round_policy.offset, planner.round_policy.min_rollouts) == (1, 2)
+    assert planner.round_policy.max_rollouts == 4 * NUM_GENERATIONS
+    trainer.train()
+    assert trainer.state.global_step == 2
+    steps = list(trainer.sera_history)
+    # 4 rounds a step, a first round of half of num_generations each; one reward call per
+    # round that has a budget.
+    for record in steps:
+        assert record["rounds"] == 4
+        counts = np.array(record["round_counts"])
+        assert counts.shape == (4, 4) and counts.sum() == ROWS
+        assert counts[0].tolist() == [NUM_GENERATIONS // 2] * 4
+        assert record["allocated_counts"] == record["generated_counts"] == counts.sum(0).tolist()
+    assert len(recorder.calls) == sum(
+        int((np.array(r["round_counts"]).sum(1) > 0).sum()) for r in steps
+    )
+
+
+def test_the_default_falls_back_to_one_call_where_rounds_cannot_run(
+    tmp_path, tokenizer, prompts, monkeypatch
+):
+    def lookup(text: str) -> str:
+        """Look a word up.
+
+        Args:
+            text: the word.
+        """
+        return text
+
+    # The tiny tokenizer's chat template cannot render tool calls, which GRPOTrainer's own
+    # constructor checks after the adapter's: stop there, the round switch is settled.
+    monkeypatch.setattr(GRPOTrainer, "__init__", lambda self, *args, **kwargs: None)
+    with pytest.warns(
+        sera_opt.SeraOptWarning,
+        match="default of 4 rounds.*tools and environment_factory.*set rounds=1",
+    ):
+        trainer = _trainer(_config(tmp_path), tokenizer, prompts, tools=[lookup])
+    assert trainer.sera_rounds == 1
+    with pytest.raises(SeraOptError, match="Drop first_round"):
+        _trainer(_config(tmp_path), tokenizer, prompts, tools=[lookup], first_round=2)
+    with pytest.raises(SeraOptError, match="rounds=2 is not available: tools"):
+        _trainer(_config(tmp_path), tokenizer, prompts, tools=[lookup], rounds=2)
+    monkeypatch.undo()
+    images = Dataset.from_dict(
+        {"prompt": prompts, "prompt_id": list(range(4)), "image": [None] * 4}
+    )
+    with pytest.warns(sera_opt.SeraOptWarning, match="default of 4 rounds.*image prompts"):
+        assert (
+            _trainer(_config(tmp_path), tokenizer, prompts, train_dataset=images).sera_rounds == 1
+        )
+    with pytest.raises(SeraOptError, match="rounds=2 is not available: image prompts"):
+        _trainer(_config(tmp_path), tokenizer, prompts, train_dataset=images, rounds=2)
+    # Chosen on purpose: no warning.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sera_opt.SeraOptWarning)
+        assert (
+            _trainer(
+                _config(tmp_path), tokenizer, prompts, train_dataset=images, rounds=1
+            ).sera_rounds
+            == 1
+        )
 
 
 @pytest.mark.parametrize(
@@ -242,7 +332,8 @@ def test_vllm_server_mode_sends_one_request_per_round(tmp_path, tokenizer, promp
         ({"rounds": True}, "rounds must be a positive integer"),
         ({"rounds": 2.0}, "rounds must be a positive integer"),
         ({"rounds": 2, "first_round": 0}, "first_round must be None"),
-        ({"first_round": 2}, "set rounds >= 2"),
+        ({"rounds": 1, "first_round": 2}, "set rounds >= 2"),
+        ({"rounds": "4"}, "rounds must be a positive integer"),
     ],
 )
 def test_rejects_bad_round_options(tmp_path, tokenizer, prompts, options, message):
@@ -260,19 +351,6 @@ def test_rejects_a_first_round_larger_than_the_budget(tmp_path, tokenizer, promp
     )
     with pytest.raises(SeraOptError, match="first"):
         trainer.train()
-
-
-def test_rejects_rounds_with_tools(tmp_path, tokenizer, prompts):
-    def lookup(digit: str) -> str:
-        """Look a digit up.
-
-        Args:
-            digit: the digit.
-        """
-        return digit
-
-    with pytest.raises(SeraOptError, match="tools or environment_factory"):
-        _trainer(_config(tmp_path), tokenizer, prompts, tools=[lookup], rounds=2)
 
 
 def test_rejects_rounds_with_image_prompts(tmp_path, tokenizer, prompts):

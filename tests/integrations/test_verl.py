@@ -927,7 +927,7 @@ def composed():
 @needs_v1
 def test_check_trainer_config(sv, composed):
     config, variant = composed
-    assert sv.check_trainer_config(config) == sv.SeraMaxRLConfig()
+    assert sv.check_trainer_config(config) == sv.SeraMaxRLConfig(rounds=4)  # sera_sync's default
     options = sv.check_trainer_config(
         variant(algorithm__sera_maxrl={"estimator": "success_average", "max_rollouts": 9})
     )
@@ -1106,7 +1106,9 @@ def trainer(sv, composed, tmp_path):
 
     _, variant = composed
     config = variant(
-        trainer__default_local_dir=str(tmp_path), algorithm__sera_maxrl={"max_rollouts": 9}
+        trainer__default_local_dir=str(tmp_path),
+        # the static mode; the default, rounds, is tested in test_verl_rounds.py
+        algorithm__sera_maxrl={"max_rollouts": 9, "rounds": 1},
     )
     before = OmegaConf.to_container(config)
     trainer = _verl_trainer.SeraPPOTrainerSync(config)

@@ -16,6 +16,7 @@ import asyncio
 import importlib
 import types
 import uuid
+import warnings
 from collections import Counter, defaultdict
 
 import numpy as np
@@ -23,7 +24,7 @@ import pytest
 import torch
 
 import sera_opt
-from sera_opt.exceptions import SeraOptError
+from sera_opt.exceptions import SeraOptError, SeraOptWarning
 from tests.integrations.test_verl import HISTORY, collated_prompts, needs_v1, states_equal
 from tests.markers import has_module, requires_verl
 
@@ -417,28 +418,35 @@ def test_success_average_rounds(sv, variant, monkeypatch, tmp_path):
 def test_one_round_is_the_static_mode(sv, variant, monkeypatch, tmp_path):
     from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 
-    runs = {}
-    for name, block in [("static", None), ("one_round", {"rounds": 1})]:
-        trainer, engine, store = build_trainer(variant, monkeypatch, tmp_path / name,
-                                               seed=5, sera_maxrl=block)
-        assert type(trainer.replay_buffer) is ReplayBuffer
-        batch, metrics = run_step(trainer)
-        # Rows named by (prompt, session): the uids are fresh uuids in each run.
-        named = {}
-        for call in engine.calls:
-            for s in call:
-                named[(s["index"], s["session"])] = (
-                    s["reward"], store.written[s["key"]]["advantages"].tolist(), s["round"]
-                )
-        runs[name] = (len(engine.calls), named, metrics, trainer.sera_planner.state_dict())
-    (calls_a, rows_a, metrics_a, state_a), (calls_b, rows_b, metrics_b, state_b) = runs.values()
-    assert calls_a == calls_b == 1
-    assert rows_a == rows_b and len(rows_a) == NUM_PROMPTS * MEAN_COUNT
-    assert {round_ for _, _, round_ in rows_a.values()} == {None}  # no sera_round column
-    sera_a = {k: v for k, v in metrics_a.items() if k.startswith("sera/")}
-    sera_b = {k: v for k, v in metrics_b.items() if k.startswith("sera/")}
-    assert sera_a == sera_b and "sera/rounds" not in sera_a
-    assert states_equal(state_a, state_b)
+    trainer, engine, _ = build_trainer(variant, monkeypatch, tmp_path, seed=5,
+                                       sera_maxrl={"rounds": 1})
+    assert trainer.sera_rounds == 1 and type(trainer.replay_buffer) is ReplayBuffer
+    prompt_ids = list(range(100, 100 + NUM_PROMPTS))
+    planned = fresh_planner(sv, trainer).plan(prompt_ids, NUM_PROMPTS * MEAN_COUNT).counts
+    assert len(set(planned.tolist())) > 1, "the case must plan unequal counts"
+    _, metrics = run_step(trainer)
+    assert len(engine.calls) == 1  # verl's own submission, with the planner's static counts
+    sessions = engine.calls[0]
+    drawn = Counter(s["index"] for s in sessions)
+    assert [drawn[i] for i in prompt_ids] == planned.tolist()
+    assert {s["round"] for s in sessions} == {None}  # no sera_round column
+    assert "sera/rounds" not in metrics and not hasattr(trainer, "sera_round_result")
+    # Its advantages are the static mode's (test_verl.py), verl's padding as a group of its own.
+    assert metrics["sera/observed_rollouts"] == NUM_PROMPTS * MEAN_COUNT
+
+
+def test_the_default_step_is_four_rounds_with_uniform_later_rounds(sv, variant, monkeypatch,
+                                                                   tmp_path):
+    trainer, engine, _ = build_trainer(variant, monkeypatch, tmp_path, seed=5)
+    assert trainer.sera_rounds == 4
+    assert (trainer.sera_planner.policy.name, trainer.sera_planner.round_policy.name) == (
+        "sera-fair", "uniform")
+    _, metrics = run_step(trainer)
+    result = trainer.sera_round_result
+    assert result.rounds == metrics["sera/rounds"] == 4
+    assert result.round_budgets == (12, 4, 4, 4)  # half of rollout.n each first, then even
+    assert result.round_counts[0].tolist() == [MEAN_COUNT // 2] * NUM_PROMPTS
+    assert len(engine.calls) == 4 and result.counts.sum() == NUM_PROMPTS * MEAN_COUNT
 
 
 # ----------------------------------------------------------------------------
@@ -500,7 +508,8 @@ def test_round_groups_pool_rounds_and_leave_padding_out(sv):
         ({"rounds": 2.0}, "rounds must be a positive integer"),
         ({"rounds": 2, "first_round": 0}, "first_round must be None"),
         ({"rounds": 2, "first_round": False}, "first_round must be None"),
-        ({"first_round": 2}, "set algorithm.sera_maxrl.rounds >= 2"),
+        ({"rounds": 1, "first_round": 2}, "set algorithm.sera_maxrl.rounds >= 2"),
+        ({"rounds": "4"}, "rounds must be a positive integer"),
     ],
 )
 def test_bad_round_options_are_refused(sv, block, match):
@@ -525,6 +534,29 @@ def test_configs_rounds_cannot_honour_are_refused(sv, variant, dotted, match):
     with pytest.raises(SeraOptError, match=match):
         sv.check_trainer_config(variant({"rounds": 2}, **dotted))
     sv.check_trainer_config(variant({"rounds": 1}, **dotted))  # the control: one round is fine
+    # The default (no rounds named) is one call there: the async modes sample each step in
+    # one call by design; in sera_sync a feature that rounds cannot honour says so.
+    if "trainer__v1__trainer_mode" in dotted:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", SeraOptWarning)
+            assert sv.check_trainer_config(variant(None, **dotted)).rounds == 1
+        with pytest.raises(SeraOptError, match="only sera_sync can.*drop first_round"):
+            sv.check_trainer_config(variant({"first_round": 2}, **dotted))
+    else:
+        with pytest.warns(SeraOptWarning, match=f"default of 4 rounds.*{match}.*rounds=1 to choose"):
+            assert sv.check_trainer_config(variant(None, **dotted)).rounds == 1
+        with pytest.raises(SeraOptError, match=f"not available: .*{match}.*Drop"):
+            sv.check_trainer_config(variant({"first_round": 2}, **dotted))
+
+
+def test_the_default_is_four_rounds_in_sera_sync(sv, variant):
+    assert sv.check_trainer_config(variant(None)).rounds == sera_opt.rounds.DEFAULT_ROUNDS == 4
+    assert sv.SeraMaxRLConfig().rounds is None  # resolved against the whole config
+    options = sv.check_trainer_config(variant({"first_round": 3}))
+    assert (options.rounds, options.first_round) == (4, 3)
+    assert sv.build_planner(options, 4).round_policy.name == "uniform"
+    named = sv.build_planner(sv.check_trainer_config(variant({"policy": "sera"})), 4)
+    assert named.round_policy is named.policy
 
 
 def test_a_first_round_above_the_budget_is_refused(sv, variant):
