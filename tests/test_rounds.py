@@ -586,6 +586,22 @@ def test_the_default_round_policy_keeps_the_planner_cap():
     assert counts[0] == 32 == math.ceil(4 * 64 / 8) and counts.sum() == 64
 
 
+def test_a_policy_without_an_objective_says_how_to_plan_without_rounds():
+    class Fixed(sera_opt.AllocationPolicy):
+        name = "fixed-for-this-test"
+
+        def _allocate(self, problem, **inputs):
+            return sera_opt.get_policy("uniform")._allocate(problem)
+
+    policy = Fixed()
+    assert policy.start_rounds(np.full(3, 0.5), 12, rounds=1).next_round().tolist() == [4, 4, 4]
+    session = policy.start_rounds(np.full(3, 0.5), 12)  # the default: 4 rounds
+    session.record(np.zeros(int(session.next_round().sum())))
+    with pytest.raises(sera_opt.SeraOptError,
+                       match=r"implement round_objective.*rounds=1.*default is 4 rounds"):
+        session.next_round()
+
+
 def test_policy_sessions_take_the_default_rounds():
     policy = sera_opt.get_policy("uniform", offset=1)
     session = policy.start_rounds(np.full(5, 0.3), 40)

@@ -367,7 +367,9 @@ class AllocationPolicy(ABC):
         if objective is None:
             raise SeraOptError(
                 f"policy {self.name!r} has no objective to solve a round with; implement "
-                f"round_objective(problem, **inputs) to use it with start_rounds."
+                f"round_objective(problem, **inputs) to use it in rounds, or plan in one round "
+                f"(start_rounds(..., rounds=1), or rounds=1 in the trainers, whose default is "
+                f"{DEFAULT_ROUNDS} rounds)."
             )
         return objective(problem, **inputs)
 
