@@ -365,18 +365,17 @@ class SeraGRPOTrainer(GRPOTrainer):
         self.sera_loss_mode = loss_mode(args.loss_type)
         self.sera_history: deque[dict[str, Any]] = deque(maxlen=history_size)
         rounds, self.sera_first_round = _common.check_rounds(rounds, first_round)
-        self.sera_rounds = _common.resolve_rounds(
-            rounds, first_round, _rounds_unavailable(kwargs), stacklevel=3
-        )
+        unavailable = _rounds_unavailable(kwargs)
+        self.sera_rounds = _common.resolve_rounds(rounds, first_round, unavailable, stacklevel=3)
         self._sera_plan: RolloutPlan | None = None
         self._sera_generated_counts: np.ndarray | None = None
         self._sera_rewards_per_func: torch.Tensor | None = None
         self._sera_pregenerated: tuple | None = None
         self._sera_round_rewards: torch.Tensor | None = None
-        if self.sera_rounds > 1 and _rounds_unavailable(kwargs):
+        if self.sera_rounds > 1 and unavailable:
             raise SeraOptError(
-                f"rounds={self.sera_rounds} is not available: {_rounds_unavailable(kwargs)}. Use rounds=1, or drive "
-                "the rounds yourself with sera_opt.integrations.torch_loop.maxrl_round_step."
+                f"rounds={self.sera_rounds} is not available: {unavailable}. Use rounds=1, or drive the rounds "
+                "yourself with sera_opt.integrations.torch_loop.maxrl_round_step."
             )
         super().__init__(model, reward_funcs, args, **kwargs)
 

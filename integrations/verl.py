@@ -953,7 +953,7 @@ def _default_rounds(config: Any, options: SeraMaxRLConfig) -> int:
                 "run (only sera_sync can); drop first_round."
             )
         return 1
-    refused = [reason for refused, reason in _round_refusals(config) if refused]
+    refused = _round_refusals(config)
     return _common.resolve_rounds(
         None,
         options.first_round,
@@ -980,18 +980,18 @@ def _check_round_config(config: Any, options: SeraMaxRLConfig, mean_count: int) 
             f"actor_rollout_ref.rollout.n={mean_count}: the first round alone would spend more than "
             "the step's budget of rollout.n per prompt. Lower first_round or raise rollout.n."
         )
-    for refused, reason in _round_refusals(config):
-        if refused:
-            raise SeraOptError(
-                f"algorithm.sera_maxrl.rounds={options.rounds}: {reason}, or set "
-                "algorithm.sera_maxrl.rounds=1."
-            )
+    refused = _round_refusals(config)
+    if refused:
+        raise SeraOptError(
+            f"algorithm.sera_maxrl.rounds={options.rounds}: {refused[0]}, or set "
+            "algorithm.sera_maxrl.rounds=1."
+        )
 
 
-def _round_refusals(config: Any) -> list[tuple[bool, str]]:
-    """The features of ``config`` that ``sera_sync``'s rounds cannot honour: (on, why
-    and how to turn it off)."""
-    return [
+def _round_refusals(config: Any) -> list[str]:
+    """Why and how to turn off each feature of ``config`` that ``sera_sync``'s rounds
+    cannot honour, for the features that are on (empty: rounds can run)."""
+    features = [
         (
             bool(_select(config, "algorithm.filter_groups.enable", False)),
             "algorithm.filter_groups.enable=true (DAPO) evicts and refills prompt groups, which "
@@ -1027,6 +1027,7 @@ def _round_refusals(config: Any) -> list[tuple[bool, str]]:
             "skip.rollout_tq.enable=false",
         ),
     ]
+    return [reason for on, reason in features if on]
 
 
 # --------------------------------------------------------------------------- trainer modes

@@ -281,8 +281,8 @@ class AllocationPolicy(ABC):
                                max_rollouts=max_rollouts)
         return self._allocate(problem, **inputs)
 
-    def start_rounds(self, success_probs, budget, *, rounds=DEFAULT_ROUNDS, first=None, round_budgets=None,
-                     min_rollouts=None, max_rollouts=None, **inputs: Any):
+    def start_rounds(self, success_probs, budget, *, rounds=DEFAULT_ROUNDS, first=None,
+                     round_budgets=None, min_rollouts=None, max_rollouts=None, **inputs: Any):
         """Spend ``budget`` over ``rounds`` rounds, allocating each on what the earlier
         ones showed (THEORY.md section 9); returns a :class:`~sera_opt.rounds.RoundSession`.
 

@@ -5,6 +5,6 @@ from .reinforce_ada import ReinforceAda, ReinforceAdaSession, reinforce_ada_scal
 from .scales import BASELINES, RuleScale, balanced_rule, first_success_rule, fixed_rule, rule_scale
 from .session import DEFAULT_ROUNDS, RoundResult, RoundSession, round_budgets
 
-__all__ = ["RoundSession", "RoundResult", "round_budgets", "DEFAULT_ROUNDS", "RuleScale", "rule_scale",
-           "fixed_rule", "first_success_rule", "balanced_rule", "BASELINES", "ReinforceAda",
+__all__ = ["RoundSession", "RoundResult", "round_budgets", "DEFAULT_ROUNDS", "RuleScale",
+           "rule_scale", "fixed_rule", "first_success_rule", "balanced_rule", "BASELINES", "ReinforceAda",
            "ReinforceAdaSession", "reinforce_ada_scale"]

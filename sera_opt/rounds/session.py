@@ -51,7 +51,7 @@ from ..separable.tiers import even_increments
 #: :data:`sera_opt.planner.DEFAULT_ROUND_POLICY` for the policy of its later rounds.
 DEFAULT_ROUNDS = 4
 
-__all__ = ["RoundSession", "RoundResult", "round_budgets"]
+__all__ = ["RoundSession", "RoundResult", "round_budgets", "DEFAULT_ROUNDS"]
 
 
 def round_budgets(budget: int, first_total: int, rounds: int, split=None) -> list[int]:
