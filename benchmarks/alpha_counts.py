@@ -3,7 +3,7 @@
 One batch of 24 prompts whose success probabilities span hopeless to solved
 (posterior-mean-like estimates: the hardest is 1/(n + 2) after a few failures),
 4 rollouts per prompt, bounds 2..32, the mean-centred estimator (c = 1). For
-each alpha of the family (THEORY.md section 8) the exact counts of
+each alpha of the family (docs/theory.md section 8) the exact counts of
 ``sera-fair``, with ``sera`` (alpha = inf) and uniform beside them.
 
 Run ``python -m sera_opt.benchmarks.alpha_counts --out docs/img``; it writes

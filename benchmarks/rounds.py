@@ -12,7 +12,7 @@ medians of thread CPU time over the rounds, and the ratio of medians.
 Target (issue): every round of a step at M = 1,024 in well under 1 ms for the
 default policy.
 
-**Scales.** THEORY.md section 9's simulation: 512 prompts, p ~ Beta(0.6, 1.2),
+**Scales.** docs/theory.md section 9's simulation: 512 prompts, p ~ Beta(0.6, 1.2),
 8 rollouts per prompt on average, known p (a policy's session), caps at 32, both
 offsets. For each arm, over seeds: the mean and the smallest expected scale over
 the prompts (``RoundResult.factors``; for static arms ``w_c(p, n)``), the mean
@@ -121,7 +121,7 @@ def _static_scales(p, counts, offset):
 
 def realized_scales(out, p: np.ndarray) -> np.ndarray:
     """``E[g_i | rewards] / grad log p_i`` of each prompt: ``C1 - p / (1 - p) C0`` on the
-    step's rewards (THEORY.md section 9), for the session's offset and, at offset 1, the
+    step's rewards (docs/theory.md section 9), for the session's offset and, at offset 1, the
     first-round baseline (the usual one when there is one round). Its mean over prompts
     is an unbiased estimate of the mean scale."""
     m = p.shape[0]

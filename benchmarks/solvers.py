@@ -1,7 +1,7 @@
 """Solver and policy speed against two numpy baselines on the same array.
 
 For each prompt count M: success probabilities uniform on (0, 1), budget 8 per
-prompt, bounds 1..64 (THEORY.md's defaults for the target). Every solver and
+prompt, bounds 1..64 (the defaults of the target, docs/theory.md section 3). Every solver and
 every registered policy (and the alpha-fair family at alpha = 0, 1, 2) is timed
 (median of repeats, after a warm-up call that pays any JIT compilation), next to
 two baselines timed in the same process on the same array: ``np.sort(p)`` and

@@ -19,7 +19,7 @@ Each mode extends one of verl's (``sera_sync`` -> ``sync`` and so on) with
 
 With ``algorithm.sera_maxrl.rounds=R >= 2`` (``sera_sync`` only, where the default is
 4 rounds: :attr:`sera_opt.integrations.verl.SeraMaxRLConfig.rounds`) the step's prompts
-are generated in R rounds instead (THEORY.md section 9, :meth:`SeraTrainerMixin.prepare_step`):
+are generated in R rounds instead (docs/theory.md section 9, :meth:`SeraTrainerMixin.prepare_step`):
 each round submits the prompts it gives rollouts to through verl's own
 ``_submit_batch_to_rollout`` (TransferQueue and the agent loop, which reads the
 round's counts from ``__rollout_n__``), waits for them with verl's replay buffer,

@@ -638,7 +638,7 @@ def maxrl_round_step(
     success_threshold: float | None = None,
 ) -> RoundStepOutput:
     """One MaxRL step sampled in ``rounds`` rounds at the fixed ``budget``
-    (:meth:`sera_opt.RolloutPlanner.start_rounds`, THEORY.md section 9).
+    (:meth:`sera_opt.RolloutPlanner.start_rounds`, docs/theory.md section 9).
 
     ``rollout_fn(plan)`` is called once per round (one generation call each) with that
     round's :class:`RolloutPlan` (a prompt may have 0 rows in it), and returns what it

@@ -11,7 +11,7 @@
   rollouts before dividing by a batch-wide count, see :data:`LOSS_TYPE_TO_MODE`);
 * logs :func:`sera_opt.advantage_diagnostics` and the allocation with the
   trainer's metrics (``sera/...``), and feeds the rewards back to the planner;
-* generates each step's completions in ``rounds`` calls of the backend (THEORY.md
+* generates each step's completions in ``rounds`` calls of the backend (docs/theory.md
   section 9; by default 4, the schedule the rounds decision chose): a first look of
   ``first_round`` completions per prompt, then the rest of the same fixed budget
   where the planner sends it, each round scored by the trainer's reward functions

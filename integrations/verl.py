@@ -166,7 +166,7 @@ class SeraMaxRLConfig:
     estimator : {"mean_centred", "success_average"}
         The MaxRL estimator (offset c = 1 and c = 0 of ``w_c(p, n)``).
     multiplicity_correction : bool
-        Scale prompt i's advantages by ``nbar / n_i`` (THEORY.md section 4).
+        Scale prompt i's advantages by ``nbar / n_i`` (docs/theory.md section 4).
     success_threshold : float or None
         Count a response as a success when its summed reward is at least this.
         None: rewards must be exactly 0 or 1.
@@ -184,7 +184,7 @@ class SeraMaxRLConfig:
         Extra keyword arguments for :class:`sera_opt.RolloutPlanner` (passed on to the
         policy) and :class:`sera_opt.SuccessTracker` (empty: the planner's default).
     rounds : int or None
-        Generation calls per step (THEORY.md section 9). ``R >= 2`` (``sera_sync``
+        Generation calls per step (docs/theory.md section 9). ``R >= 2`` (``sera_sync``
         only): the trainer submits the step's prompts R times through verl's agent
         loop, each round with the counts a :class:`sera_opt.RoundSession` gives on
         the rewards of the rounds before it; the step still spends ``M * rollout.n``
@@ -538,7 +538,7 @@ def compute_sera_maxrl_advantage(
         into the reward makes outcomes non-binary (use ``actor.use_kl_loss``).
     round_index : array-like of int, shape (bs,), optional
         Each response's round, for a batch generated in rounds: the mean-centred
-        estimator's baseline then comes from the first round (THEORY.md section 9).
+        estimator's baseline then comes from the first round (docs/theory.md section 9).
         Default: the one set by a :func:`round_index` block, if any (verl's
         ``compute_advantage`` does not pass it). Inside a :func:`round_groups` block
         the rounds and the groups come from that block instead.

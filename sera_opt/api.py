@@ -18,7 +18,7 @@ def allocate(success_probs, budget, *, min_rollouts=None, max_rollouts=None, off
              ) -> Allocation:
     """Allocate ``budget`` rollouts so that the attenuation factors are as equal as possible.
 
-    Solves SERA's problem (THEORY.md section 3)::
+    Solves SERA's problem (docs/theory.md section 3)::
 
         lexicographically maximize  sort_i( w_c(p_i, n_i) ),  w_c(p, n) = 1 - (1 - p) ** (n - c)
         subject to  sum_i n_i = budget,  min_rollouts <= n_i <= max_rollouts,  n_i integer.

@@ -213,7 +213,7 @@ class RolloutPlanner(LockedState):
     def start_rounds(self, prompt_ids, budget, *, rounds=DEFAULT_ROUNDS, first=None,
                      round_budgets=None, min_rollouts=None, max_rollouts=None, observe=True,
                      **allocate_options: Any):
-        """Plan the step's ``budget`` in ``rounds`` rounds (THEORY.md section 9); returns a
+        """Plan the step's ``budget`` in ``rounds`` rounds (docs/theory.md section 9); returns a
         :class:`~sera_opt.rounds.RoundSession`.
 
         ``rounds`` defaults to :data:`DEFAULT_ROUNDS`. The first round gives every

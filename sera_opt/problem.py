@@ -1,6 +1,6 @@
 """Validated allocation problems and the MaxRL attenuation factor.
 
-THEORY.md section 2: with ``n`` rollouts of a prompt whose success probability
+docs/theory.md section 2: with ``n`` rollouts of a prompt whose success probability
 is ``p``, the MaxRL estimator's expectation is the prompt's likelihood gradient
 scaled by the attenuation factor ``w_c(p, n) = 1 - (1 - p) ** (n - c)``, where
 the offset ``c`` is 0 for the success-average estimator and 1 for the

@@ -1,6 +1,6 @@
 """Tests of the multiplicity-corrected MaxRL estimator (sera_opt.estimator).
 
-The expectations of THEORY.md sections 2 and 4 are checked twice: exactly, by
+The expectations of docs/theory.md sections 2 and 4 are checked twice: exactly, by
 enumerating every outcome of a softmax policy (small groups), and by Monte
 Carlo with a tolerance derived from the number of draws. The vectorised code
 is compared with a loop over prompts in exact rational arithmetic.
@@ -45,7 +45,7 @@ def on_gpu(func):
 # ----------------------------------------------------------------------------
 
 def reference_advantages(rewards, prompt_index, estimator, multiplicity_correction):
-    """THEORY.md's formulas, one prompt at a time, as Fractions."""
+    """The formulas of docs/theory.md sections 2 and 4, one prompt at a time, as Fractions."""
     rewards = [int(r) for r in rewards]
     prompt_index = [int(i) for i in prompt_index]
     groups: dict[int, list[int]] = {}

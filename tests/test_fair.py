@@ -1,4 +1,4 @@
-"""The alpha-fair family (THEORY.md section 8): exact for its own objective, SERA as its limit.
+"""The alpha-fair family (docs/theory.md section 8): exact for its own objective, SERA as its limit.
 
 The objective is written out here again in plain numpy (and the marginal gains in 60-digit
 arithmetic with mpmath), independent of the engine's kernels.

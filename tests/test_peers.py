@@ -1,6 +1,6 @@
 """The peers' policies and sera-bayes: each solves its own objective exactly.
 
-The objectives are written out here again from THEORY.md section 7 (plain
+The objectives are written out here again from docs/theory.md section 7 (plain
 numpy, independent of the engine's kernels) and checked by brute force on tiny
 problems and by the exchange certificate of separable concave problems on
 larger ones.

@@ -1,4 +1,4 @@
-"""Allocation in rounds within a step (THEORY.md section 9): the sessions, their
+"""Allocation in rounds within a step (docs/theory.md section 9): the sessions, their
 per-round allocation, their expected scales, and the exact scale reference."""
 
 import itertools
@@ -67,7 +67,7 @@ def test_the_first_round_baseline_has_its_closed_form_scale(p, n0):
 
 
 def test_the_pooled_baseline_is_mis_scaled_under_the_balanced_rule():
-    # THEORY.md section 9: 1.19 at p = 0.8 and 1.33 at p = 0.95.
+    # docs/theory.md section 9: 1.19 at p = 0.8 and 1.33 at p = 0.95.
     rule = balanced_rule(8, 2, 2)
     assert rule_scale(0.8, rule, rounds=4, offset=1, baseline="pooled").scale == \
         pytest.approx(1.19, abs=0.005)

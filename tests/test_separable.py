@@ -131,7 +131,7 @@ def test_max_min_objectives_are_lexicographically_optimal(problem, data, offset)
 
 
 def test_certain_failure_is_pinned_at_the_maximum_like_sera():
-    # Level 0 whatever n: as in SERA's convention (THEORY.md section 3) such a
+    # Level 0 whatever n: as in SERA's convention (docs/theory.md section 3) such a
     # prompt takes spare rollouts first; two of them share evenly.
     for objective in (PointLevels([0.0, 0.3, 0.0]), BetaLevels([0.0, 1.0, 0.0], [2.0, 2.0, 5.0])):
         counts = solve_separable(objective, 14, 2, 6)

@@ -22,7 +22,7 @@ EXACT_SOLVERS = [n for n in sera_opt.available_solvers() if SOLVERS.lookup(n).ex
 
 def level_key(rate: float, m: int) -> tuple[float, int]:
     """Order key of a prompt's level ``rate * m`` with the limit order at p = 0 and p = 1
-    (THEORY.md section 3, docs/theory.md): p = 0 ranks below every positive level and
+    (docs/theory.md section 3): p = 0 ranks below every positive level and
     p = 1 above every finite one; within each, by the effective count m."""
     if rate == 0.0:
         return (0.0, m)
@@ -93,7 +93,7 @@ THEORY_EXAMPLE = dict(success_probs=[0.669, 0.201, 0.576, 0.600, 0.953], budget=
 
 @pytest.mark.parametrize("solver", EXACT_SOLVERS)
 def test_theory_counterexample(solver):
-    # THEORY.md section 3: floor-then-fill gives (1,6,2,2,1); the optimum is (2,5,2,2,1).
+    # docs/theory.md section 3: floor-then-fill gives (1,6,2,2,1); the optimum is (2,5,2,2,1).
     alloc = sera_opt.allocate(**THEORY_EXAMPLE, solver=solver)
     assert alloc.counts.tolist() == [2, 5, 2, 2, 1]
     assert alloc.min_factor == pytest.approx(1 - (1 - 0.201) ** 5, rel=1e-12)

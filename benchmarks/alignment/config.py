@@ -51,7 +51,7 @@ class AlignmentConfig:
     # Allocation in rounds within a step (arms with ``:rounds=R``), on the tracker's
     # posteriors updated round by round and on the true p. Their counts depend on the
     # rewards, so the expected estimator is a simulation: ``round_sessions`` sessions per
-    # batch and budget (THEORY.md section 9: kappa_i = P(K_i >= 1) - c p_i (1-p_i)^(n0-1)).
+    # batch and budget (docs/theory.md section 9: kappa_i = P(K_i >= 1) - c p_i (1-p_i)^(n0-1)).
     round_arms: tuple[str, ...] = ("uniform:rounds=4", "sera-fair:alpha=1:rounds=4")
     round_sessions: int = 128
 
@@ -100,7 +100,7 @@ def build_methods(config: AlignmentConfig, available: tuple[str, ...]) -> tuple[
     Per offset: uniform; SERA on the tracker's estimates and on the true ``p``,
     with and without the multiplicity correction, under the common cap; SERA
     (corrected) on both sources with no cap at all (``max_ratio=None``), which is
-    where raw probabilities pin hopeless prompts (THEORY.md section 5); the
+    where raw probabilities pin hopeless prompts (docs/theory.md section 5); the
     registered peers on the tracker's estimates, with and without the correction.
     """
     methods: list[Method] = []

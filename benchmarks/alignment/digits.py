@@ -4,7 +4,7 @@ The prompts are scikit-learn's handwritten digits (1797 inputs of 8x8 pixels,
 shipped inside the package, nothing downloaded). A rollout of prompt ``i``
 samples a label from the classifier's softmax; it succeeds when the label is
 the true one. The success probability is then ``p_i = softmax(f(x_i) / T)[y_i]``
-and ``grad log p_i`` is computed exactly by autograd: THEORY.md section 6.
+and ``grad log p_i`` is computed exactly by autograd: docs/theory.md section 6.
 
 How the spread of success probabilities is made (the point is a realistic
 mixture of hopeless, hard, medium and solved prompts, as in RL post-training):
@@ -225,7 +225,7 @@ def flat_parameters(model: nn.Module) -> torch.Tensor:
 def weighted_log_prob_gradient(model: DigitsPolicy, inputs, labels, weights) -> np.ndarray:
     """``sum_i weights_i grad log p_i``, flat, by one backward pass.
 
-    ``weights = 1/M`` gives the exact likelihood gradient of THEORY.md section 1;
+    ``weights = 1/M`` gives the exact likelihood gradient of docs/theory.md section 1;
     ``weights = v_i w_c(p_i, n_i)`` the expected MaxRL estimator of section 6.
     """
     logp = log_probs(model, inputs)

@@ -91,7 +91,7 @@ def make_policy(spec: str, *, min_rollouts: int, max_rollouts: int | None, offse
 
 
 def prompt_weights(counts: np.ndarray, multiplicity_correction: bool) -> np.ndarray:
-    """``v_i``: a prompt's share of the token-mean batch gradient (THEORY.md section 4).
+    """``v_i``: a prompt's share of the token-mean batch gradient (docs/theory.md section 4).
 
     With the correction every prompt weighs ``1/M``; without it, ``n_i / B``.
     """

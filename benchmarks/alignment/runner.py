@@ -1,6 +1,6 @@
 """How well MaxRL gradient estimates align with the exact likelihood gradient.
 
-THEORY.md section 6. A digits classifier plays the policy (see
+docs/theory.md section 6. A digits classifier plays the policy (see
 ``benchmarks/alignment/digits.py``): a prompt is an input, a rollout samples a label,
 success means the true label, so every ``grad log p_i`` is exact. For a batch
 of ``M`` prompts and an average budget of ``nbar`` rollouts per prompt, each
@@ -9,7 +9,7 @@ offset ``c`` and whether the multiplicity correction is on) is scored by
 
 * the **expected estimator** ``sum_i v_i w_c(p_i, n_i) grad log p_i`` with
   ``v_i = 1/M`` under the multiplicity correction and ``v_i = n_i / B`` without
-  it (token-mean aggregation, THEORY.md section 4), and
+  it (token-mean aggregation, docs/theory.md section 4), and
 * **sampled estimators**: rollouts drawn from the policy, advantages from
   :func:`sera_opt.maxrl_advantages`, the token-mean loss of
   :func:`sera_opt.aggregate_loss`, differentiated by autograd,
@@ -29,7 +29,7 @@ All policies get the same bounds: ``1 + c <= n_i <= max_ratio * nbar``.
 
 A step in rounds has counts that depend on its rewards, so its expected estimator
 is simulated: ``round_sessions`` sessions per batch and budget give ``kappa_i =
-P(K_i >= 1) - c p_i (1 - p_i)^(n0_i - 1)`` (THEORY.md section 9) as the fraction
+P(K_i >= 1) - c p_i (1 - p_i)^(n0_i - 1)`` (docs/theory.md section 9) as the fraction
 of sessions in which prompt i drew a success, and the expected estimator is
 ``(1/M) sum_i kappa_i grad log p_i``; its sampled estimators are the first
 ``draws`` of those sessions, with the first-round baseline at ``c = 1``.
@@ -278,7 +278,7 @@ def _score_rounds(config: AlignmentConfig, setting, method, policy_cache: dict, 
     Each session samples labels round by round (the tracker's posteriors, or the true p,
     decide each round from the earlier ones). The expected estimator's coefficient of
     ``grad log p_i`` is ``kappa_i / M`` (multiplicity-corrected), with ``kappa_i =
-    P(K_i >= 1) - c p_i (1 - p_i)^(n0_i - 1)`` (THEORY.md section 9; the first round
+    P(K_i >= 1) - c p_i (1 - p_i)^(n0_i - 1)`` (docs/theory.md section 9; the first round
     ``n0_i`` is fixed before sampling), and ``P(K_i >= 1)`` is the fraction of sessions
     in which prompt i drew a success: unbiased, with a standard error below
     ``0.5 / sqrt(round_sessions)``. The first ``draws`` sessions also give the sampled

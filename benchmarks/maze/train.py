@@ -110,7 +110,7 @@ class MazeConfig:
 
     @property
     def offset(self) -> int:
-        """The estimator's offset c (THEORY.md section 2)."""
+        """The estimator's offset c (docs/theory.md section 2)."""
         return 1 if self.estimator == "mean_centred" else 0
 
     def to_dict(self) -> dict:

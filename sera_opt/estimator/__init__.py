@@ -5,7 +5,7 @@ statistics and diagnostics); :mod:`.groups` turns prompt ids into groups (dense,
 hashed, across ranks) and checks the inputs; :mod:`.hashing` and
 :mod:`.hashing_kernels` give sparse ids compact slots; :mod:`.losses` aggregates
 per-token losses (:func:`aggregate_loss`, :func:`policy_gradient_loss`). The
-mathematics is in THEORY.md sections 2 and 4 and in docs/estimator.md.
+mathematics is in docs/theory.md sections 2 and 4 and in docs/estimator.md.
 """
 
 from . import advantages as _advantages

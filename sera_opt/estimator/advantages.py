@@ -1,6 +1,6 @@
 """The multiplicity-corrected MaxRL gradient estimator (PyTorch).
 
-THEORY.md sections 2 and 4. Prompt ``i`` of a batch of ``M`` prompts gets
+docs/theory.md sections 2 and 4. Prompt ``i`` of a batch of ``M`` prompts gets
 ``n_i`` rollouts with binary outcomes ``r_ij``, ``K_i`` of them successes
 (``N = sum_i n_i`` rollouts in all, ``nbar = N / M``). This module turns the
 outcomes into one advantage ``A_ij`` per rollout such that, with
@@ -247,7 +247,7 @@ def maxrl_advantages(rewards, prompt_index, *, estimator: str = "mean_centred",
     where ``w_c(p, n) = 1 - (1 - p) ** (n - c)`` is :func:`sera_opt.attenuation`.
     With the correction a prompt's weight does not depend on how many rollouts
     it received. Equivalently, ``sum_j A_ij S_ij = (n_i or nbar) * g_i`` with
-    ``g_i`` the per-prompt estimator of THEORY.md section 2. The loss to
+    ``g_i`` the per-prompt estimator of docs/theory.md section 2. The loss to
     minimise is the negative; :func:`policy_gradient_loss` builds it per token.
 
     Parameters
@@ -256,7 +256,7 @@ def maxrl_advantages(rewards, prompt_index, *, estimator: str = "mean_centred",
     estimator : {"mean_centred", "success_average"}
         Which MaxRL estimator (see :data:`ESTIMATOR_OFFSETS` for its offset ``c``).
     multiplicity_correction : bool, default True
-        Scale prompt ``i``'s advantages by ``nbar / n_i`` (THEORY.md section 4).
+        Scale prompt ``i``'s advantages by ``nbar / n_i`` (docs/theory.md section 4).
     dtype : torch.dtype, optional
         Floating dtype of the result. Default: that of ``rewards`` if floating,
         else :func:`torch.get_default_dtype`.
@@ -270,7 +270,7 @@ def maxrl_advantages(rewards, prompt_index, *, estimator: str = "mean_centred",
         The round (0-based) of each rollout when the step was sampled in rounds
         (:class:`sera_opt.rounds.RoundSession`; ``RoundResult.round_index``). The
         counts are then not fixed before sampling, and the contract's factor
-        becomes each prompt's scale ``kappa_i`` (THEORY.md section 9), which
+        becomes each prompt's scale ``kappa_i`` (docs/theory.md section 9), which
         ``RoundResult.factors`` reports. ``"success_average"`` is unchanged (its
         scale is ``P(K_i >= 1)`` under any reward-only rule). ``"mean_centred"``
         replaces the pooled baseline, whose scale under adaptive stopping depends
@@ -542,7 +542,7 @@ def advantage_diagnostics(rewards, prompt_index, *, estimator: str = "mean_centr
     under the multiplicity correction and ``v_i = n_i / nbar`` without it. The
     *effective weight* ``e_i = v_i w_c(p_i, n_i)`` should be equal across
     prompts for the batch gradient to align with the likelihood gradient
-    ``sum_i grad log p_i`` (THEORY.md section 6).
+    ``sum_i grad log p_i`` (docs/theory.md section 6).
 
     Parameters
     ----------

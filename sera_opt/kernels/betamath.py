@@ -170,7 +170,7 @@ def fair_log_gain(a, logp, alpha, m):
       returned: it orders (and ties) steps exactly as the gain does;
     * ``alpha = 2``: ``log(1/w0 - 1/w(m + 1)) = log r - log w0 - log1p(r)``.
 
-    Edges (THEORY.md section 8): ``p = 0`` (``a = 0``) has ``w = 0`` at every
+    Edges (docs/theory.md section 8): ``p = 0`` (``a = 0``) has ``w = 0`` at every
     count and gains nothing (``-inf``); ``p = 1`` (``a = inf``) has ``w = 1``
     from its first effective rollout on. The first effective rollout (``m =
     0``) is worth ``+inf`` for ``alpha >= 1`` (``U(0) = -inf``).

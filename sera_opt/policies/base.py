@@ -42,7 +42,7 @@ POLICIES = Registry("policy", "policies")
 #: ``max_rollouts``, no prompt gets more than ``ceil(4 * budget / M)`` rollouts.
 #: Max-min is ruled by the hardest prompts; uncapped, prompts whose estimated ``p``
 #: is near 0 absorb the budget while the others stay at the minimum, which aligns
-#: the batch gradient worse than uniform allocation (THEORY.md section 5).
+#: the batch gradient worse than uniform allocation (docs/theory.md section 5).
 DEFAULT_MAX_RATIO = 4.0
 
 _UNSET: Any = object()
@@ -284,7 +284,7 @@ class AllocationPolicy(ABC):
     def start_rounds(self, success_probs, budget, *, rounds=DEFAULT_ROUNDS, first=None,
                      round_budgets=None, min_rollouts=None, max_rollouts=None, **inputs: Any):
         """Spend ``budget`` over ``rounds`` rounds, allocating each on what the earlier
-        ones showed (THEORY.md section 9); returns a :class:`~sera_opt.rounds.RoundSession`.
+        ones showed (docs/theory.md section 9); returns a :class:`~sera_opt.rounds.RoundSession`.
 
         The probabilities are taken as the truth (a posterior given as
         ``posterior=`` is updated round by round instead), so the session's

@@ -1,6 +1,6 @@
 """Allocation under uncertainty: SERA on expected factors under Beta posteriors.
 
-THEORY.md section 5: counts are fixed before the rollouts are drawn, so a
+docs/theory.md section 5: counts are fixed before the rollouts are drawn, so a
 prompt's success probability is known only through a posterior. With
 ``p_i ~ Beta(alpha_i, beta_i)`` the expected attenuation factor is
 

@@ -24,7 +24,7 @@ class SERAPolicy(AllocationPolicy):
 
     Lexicographically maximizes the sorted attenuation factors
     ``w_c(p_i, n_i) = 1 - (1 - p_i) ** (n_i - c)`` subject to
-    ``sum_i n_i = budget`` and the per-prompt bounds (THEORY.md section 3).
+    ``sum_i n_i = budget`` and the per-prompt bounds (docs/theory.md section 3).
     :func:`sera_opt.allocate` is this policy, with the same defaults.
 
     Parameters
@@ -38,7 +38,7 @@ class SERAPolicy(AllocationPolicy):
         rollouts per prompt. Max-min is ruled by the hardest prompts; with no cap,
         prompts whose estimated p is near 0 absorb the budget while the others
         stay at the minimum, which aligns the batch gradient *worse* than uniform
-        allocation (THEORY.md section 5; docs/benchmarks.md, alignment). Posterior
+        allocation (docs/theory.md section 5; docs/benchmarks.md, alignment). Posterior
         means from :class:`sera_opt.SuccessTracker` make SERA less sensitive to
         the cap, but not immune: prompts that fail on every visit drive their
         posterior mean towards 0 too, and in the hard maze configuration SERA

@@ -1,4 +1,4 @@
-"""The alpha-fair family of allocations: SERA's max-min as its limit (THEORY.md section 8)."""
+"""The alpha-fair family of allocations: SERA's max-min as its limit (docs/theory.md section 8)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The peers' allocation rules (THEORY.md section 7), each solved exactly.
+"""The peers' allocation rules (docs/theory.md section 7), each solved exactly.
 
 Every rule here is a separable problem over integer counts with one budget
 constraint, and :mod:`sera_opt.solvers.separable` solves each one exactly

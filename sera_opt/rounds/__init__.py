@@ -1,5 +1,5 @@
 """Allocation in rounds within a step: the session that spends one step's budget over
-several rounds, and the exact scale of a per-prompt round rule (THEORY.md section 9)."""
+several rounds, and the exact scale of a per-prompt round rule (docs/theory.md section 9)."""
 
 from .reinforce_ada import ReinforceAda, ReinforceAdaSession, reinforce_ada_scale
 from .scales import BASELINES, RuleScale, balanced_rule, first_success_rule, fixed_rule, rule_scale

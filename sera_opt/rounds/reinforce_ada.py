@@ -9,7 +9,7 @@ and half where it can, the other kind filling in), and each kept rollout's
 advantage is ``r - rbar`` with ``rbar`` the success rate of the prompt's whole pool
 (its "global statistics"), not of the kept group.
 
-What it ascends (THEORY.md section 9): its budget is its own (8 to 32 rollouts per
+What it ascends (docs/theory.md section 9): its budget is its own (8 to 32 rollouts per
 prompt), and its estimator is not MaxRL's. By the lemma of section 9 its expected
 per-prompt update is ``kappa(p) grad log p`` with the scale that
 :func:`reinforce_ada_scale` enumerates; in units of ``grad p`` (``kappa / p``) the
@@ -206,7 +206,7 @@ def _kept_counts(successes: int, failures: int, keep: int, half: int) -> tuple[i
 def reinforce_ada_scale(p: float, rule: ReinforceAda | None = None) -> RuleScale:
     """The exact scale of Reinforce-Ada's update for one prompt: ``E[g] = kappa grad log
     p`` with ``g = sum_kept (r_j - rbar) S_j`` (rbar the pool's rate), by enumeration of
-    its rounds (THEORY.md section 9). ``kappa / p`` is its weight on ``grad p``."""
+    its rounds (docs/theory.md section 9). ``kappa / p`` is its weight on ``grad p``."""
     rule = ReinforceAda() if rule is None else rule
     half = rule.keep // 2
 

@@ -1,4 +1,4 @@
-"""The exact gradient scale of a per-prompt round rule, by enumeration (THEORY.md section 9).
+"""The exact gradient scale of a per-prompt round rule, by enumeration (docs/theory.md section 9).
 
 A *per-prompt rule* says how many rollouts a prompt draws in each round from what
 its own earlier rounds showed. Whatever the rule, the MaxRL estimators keep the
@@ -10,7 +10,7 @@ with ``C1`` and ``C0`` the summed coefficients of the estimator on the successes
 and on the failures. :func:`rule_scale` computes ``kappa`` exactly by
 enumerating the rounds' success counts; it is the slow reference that the round
 sessions (:mod:`sera_opt.rounds.session`) and the estimator's ``round_index`` path
-are tested against. The rules below are the ones THEORY.md names.
+are tested against. The rules below are the ones docs/theory.md section 9 names.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def rule_scale(p: float, rule: Rule, *, rounds: int, offset: int = 0,
         round ``round`` (0-based), given the prompt's ``total`` rollouts and
         ``successes`` so far and the successes of its first round (0 before it). It
         must return a whole number >= 0 and depend on nothing but these (a
-        reward-only rule, as the lemma of THEORY.md section 9 requires).
+        reward-only rule, as the lemma of docs/theory.md section 9 requires).
     rounds : int
         How many rounds the rule runs.
     offset : {0, 1}
@@ -148,7 +148,7 @@ def fixed_rule(*counts: int) -> Rule:
 
 def first_success_rule(first: int, then: int = 1, cap: int | None = None) -> Rule:
     """``first`` rollouts, then ``then`` per round until the first success, at most
-    ``cap`` in all (THEORY.md section 9: "2 each, then one at a time to a first
+    ``cap`` in all (docs/theory.md section 9: "2 each, then one at a time to a first
     success")."""
     first = validate_count(first, "first", minimum=1)
     then = validate_count(then, "then", minimum=1)

@@ -1,4 +1,4 @@
-"""Allocation in rounds within a step (THEORY.md section 9).
+"""Allocation in rounds within a step (docs/theory.md section 9).
 
 A :class:`RoundSession` spends one step's fixed budget over ``R`` rounds: a
 first, non-adaptive round, then rounds that each allocate exactly, by the
@@ -438,7 +438,7 @@ class RoundSession:
 
     # ------------------------------------------------------------ scales
     def factors(self) -> np.ndarray:
-        """Each prompt's expected scale ``kappa_i`` (THEORY.md section 9) for the
+        """Each prompt's expected scale ``kappa_i`` (docs/theory.md section 9) for the
         session's offset, under the session's estimates: the known ``p`` for a policy's
         session, the end-of-step posterior for a planner's.
 

@@ -33,9 +33,10 @@ finds those ``S`` gains without walking through them, in one of three ways:
   Slower, and exact by the same argument; it also serves as the slow reference
   of the tests.
 
-Ties at the final threshold (THEORY.md leaves them open): for max-min the
-step whose next level is highest goes first (lexicographically better), then
-for every shape the prompt with fewer rollouts so far, then the lower index.
+Ties at the final threshold (docs/theory.md section 3 breaks them only for
+max-min; the rule here covers every shape): for max-min the step whose next
+level is highest goes first (lexicographically better), then for every shape
+the prompt with fewer rollouts so far, then the lower index.
 Prompts whose steps all have the same gain thus share spare rollouts evenly.
 For :class:`BetaLevels`, levels within ``1e-10`` (relative) of the threshold
 count as tied: levels that agree in exact arithmetic differ by rounding, and

@@ -12,8 +12,9 @@ them as the limits ``p -> 0+`` and ``p -> 1-`` do: a ``p = 0`` prompt's level
 behaves like ``eps * m``, below every positive level, and a ``p = 1`` prompt's
 like ``m / eps``, above every finite one. Hence three tiers, served in order:
 ``p = 0`` prompts take spare rollouts first (evenly among themselves, up to
-their maximum: THEORY.md's "pinned at hi"), then the ordinary prompts, then
-``p = 1`` prompts (which keep their minimum unless everything else is full).
+their maximum, where docs/theory.md section 3 pins them), then the ordinary
+prompts, then ``p = 1`` prompts (which keep their minimum unless everything
+else is full).
 Within the two edge tiers the level is ``m`` itself: the budget is spread
 evenly, the fewest effective rollouts first, ties to the lower index.
 """

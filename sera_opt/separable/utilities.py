@@ -106,7 +106,7 @@ class InverseCountCost(KernelObjective):
 
 
 class AlphaFairUtility(KernelObjective):
-    """The alpha-fair utility of the attenuation factors (max-sum), THEORY.md section 8.
+    """The alpha-fair utility of the attenuation factors (max-sum), docs/theory.md section 8.
 
     Maximizes ``sum_i U_alpha(w_c(p_i, n_i))`` with ``U_alpha(w) = w^(1 - alpha) /
     (1 - alpha)`` (``log w`` at ``alpha = 1``) and ``w_c(p, n) = 1 - (1 - p)^(n - c)``.

@@ -1,4 +1,4 @@
-"""Success-probability estimates before sampling (THEORY.md section 5).
+"""Success-probability estimates before sampling (docs/theory.md section 5).
 
 :class:`SuccessTracker` (:mod:`.tracker`) is two parts with one job each: a
 prompt-id index (:mod:`.index`, id -> slot, over the hash tables of

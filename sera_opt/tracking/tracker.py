@@ -1,4 +1,4 @@
-"""Success-probability estimates before sampling (THEORY.md section 5).
+"""Success-probability estimates before sampling (docs/theory.md section 5).
 
 Rollout counts are fixed before the rollouts are drawn, so each prompt's
 success probability must come from its history. :class:`SuccessTracker`

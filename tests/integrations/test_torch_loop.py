@@ -34,7 +34,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "torch_loop_example
 def reference_advantages(
     rewards, prompt_index, estimator="mean_centred", multiplicity_correction=True
 ):
-    """THEORY.md sections 2 and 4, one rollout at a time."""
+    """docs/theory.md sections 2 and 4, one rollout at a time."""
     rewards = [float(r) for r in rewards]
     prompt_index = [int(i) for i in prompt_index]
     prompts = sorted(set(prompt_index))

@@ -2,7 +2,8 @@
 
 The estimator is driven through verl's own ``compute_advantage`` and compared with
 :func:`sera_opt.maxrl_advantages`, with a loop over prompts written from
-THEORY.md, and with verl's GRPO and RLOO estimators where the formulas coincide.
+docs/theory.md sections 2 and 4, and with verl's GRPO and RLOO estimators where the
+formulas coincide.
 The loss side uses verl's ``agg_loss``: with the multiplicity correction every
 prompt's weight in the gradient is independent of its rollout count, for every
 ``loss_agg_mode``. Per-prompt counts are checked through ``DataProto`` repeats and
@@ -99,7 +100,7 @@ def make_batch(counts, outcomes, *, seed=0, width=7, shuffle=True, reward_scale=
 
 
 def loop_reference(outcomes, prompt, estimator, correction):
-    """THEORY.md sections 2 and 4, one prompt at a time (float64)."""
+    """docs/theory.md sections 2 and 4, one prompt at a time (float64)."""
     outcomes = [float(r) for r in outcomes]
     prompt = [int(i) for i in prompt]
     groups = defaultdict(list)
