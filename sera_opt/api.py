@@ -9,6 +9,7 @@ import numpy as np
 from .policies.base import DEFAULT_MAX_RATIO
 from .policies.core import SERAPolicy, check_solver_options
 from .result import Allocation
+from .solvers.base import SOLVERS
 
 __all__ = ["allocate", "waterline"]
 
@@ -71,11 +72,45 @@ def allocate(success_probs, budget, *, min_rollouts=None, max_rollouts=None, off
     >>> alloc.counts.tolist()
     [2, 6, 16]
     """
-    policy = SERAPolicy(solver, min_rollouts=min_rollouts, max_rollouts=max_rollouts,
-                        offset=offset, max_ratio=max_ratio)
-    # Checked here, so that a warning about an ignored option points at the caller.
-    policy.solver_options = check_solver_options(policy.solver, solver_options, stacklevel=2)
+    key = _configuration_key(solver, min_rollouts, max_rollouts, offset, max_ratio,
+                             solver_options)
+    policy = _POLICIES.get(key) if key is not None else None
+    if policy is None or type(policy.solver) is not SOLVERS.lookup(solver):
+        policy = SERAPolicy(solver, min_rollouts=min_rollouts, max_rollouts=max_rollouts,
+                            offset=offset, max_ratio=max_ratio)
+        # Checked here, so that a warning about an ignored option points at the caller.
+        policy.solver_options = check_solver_options(policy.solver, solver_options,
+                                                     stacklevel=2)
+        if key is not None:
+            if len(_POLICIES) >= _MAX_POLICIES:
+                _POLICIES.clear()  # a program that keeps changing its configuration
+            _POLICIES[key] = policy
     return policy.allocate(success_probs, budget)
+
+
+#: The policies of recent configurations of :func:`allocate`: building one checks every
+#: option against the solver registry, which costs as much as solving a batch of a
+#: thousand prompts, so a configuration is checked once, when first used. Only plain
+#: configurations are kept (a registered solver's name, whole-number or absent bounds,
+#: no solver options): their policy holds no object of the caller's.
+_POLICIES: dict[tuple, SERAPolicy] = {}
+_MAX_POLICIES = 32
+
+
+def _configuration_key(solver, min_rollouts, max_rollouts, offset, max_ratio,
+                       solver_options) -> tuple | None:
+    """The key of a plain configuration in :data:`_POLICIES`, or None. Types are part of
+    the key, so that ``1``, ``1.0`` and ``True`` (which a check may treat apart) never
+    share an entry."""
+    if solver_options or type(solver) is not str or solver not in SOLVERS:
+        return None
+    for value in (min_rollouts, max_rollouts, offset):
+        if value is not None and type(value) is not int:
+            return None
+    if max_ratio is not None and type(max_ratio) not in (int, float):
+        return None
+    return (solver, min_rollouts, max_rollouts, type(offset), offset, type(max_ratio),
+            max_ratio)
 
 
 def waterline(success_probs, budget, *, min_rollouts=None, max_rollouts=None, offset=0,

@@ -1,0 +1,91 @@
+"""The default path's fast paths against the paths they replace.
+
+Speed is measured by ``sera-opt bench default-path`` (docs/benchmarks.md), never here;
+these tests hold what a faster path must keep: the same counts, and the same checks.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import sera_opt
+from sera_opt import api
+from sera_opt.policies.core import SERAPolicy
+from sera_opt.solvers.base import SOLVERS
+
+
+class _Counting(SERAPolicy):
+    built = 0
+
+    def __init__(self, *args, **kwargs):
+        type(self).built += 1
+        super().__init__(*args, **kwargs)
+
+
+@pytest.fixture
+def counting(monkeypatch):
+    monkeypatch.setattr(api, "SERAPolicy", _Counting)
+    monkeypatch.setattr(api, "_POLICIES", {})
+    _Counting.built = 0
+    return _Counting
+
+
+def test_allocate_checks_a_configuration_once(counting):
+    p = np.random.default_rng(0).uniform(0, 1, 50)
+    first = sera_opt.allocate(p, 400, min_rollouts=1, max_rollouts=64)
+    second = sera_opt.allocate(p, 400, min_rollouts=1, max_rollouts=64)
+    assert counting.built == 1, "a repeated configuration built its policy again"
+    assert np.array_equal(first.counts, second.counts)
+    sera_opt.allocate(p, 400, min_rollouts=2, max_rollouts=64)
+    assert counting.built == 2, "another configuration reused the first one's policy"
+
+
+@pytest.mark.parametrize("options", [
+    {"min_rollouts": True}, {"min_rollouts": 1.0}, {"max_rollouts": np.int64(64)},
+    {"max_rollouts": [64] * 50}, {"continuous": False},
+])
+def test_allocate_keeps_no_policy_of_other_configurations(counting, options):
+    p = np.random.default_rng(1).uniform(0, 1, 50)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(2):
+            try:
+                sera_opt.allocate(p, 400, **options)
+            except sera_opt.SeraOptError:
+                pass
+    assert counting.built == 2, f"{options}: a configuration not keyed by value was reused"
+    assert not api._POLICIES
+
+
+def test_allocate_errors_are_raised_every_call(counting):
+    p = np.random.default_rng(2).uniform(0, 1, 10)
+    for _ in range(2):
+        with pytest.raises(sera_opt.SeraOptError):
+            sera_opt.allocate(p, 80, min_rollouts=0, offset=1)
+    assert not api._POLICIES, "a rejected configuration was kept"
+
+
+def test_allocate_follows_a_solver_registered_again(counting, monkeypatch):
+    p = np.random.default_rng(3).uniform(0, 1, 20)
+    sera_opt.allocate(p, 160, max_rollouts=32)
+    original = SOLVERS.lookup("waterline")
+
+    class Replacement(original):
+        pass
+
+    monkeypatch.setitem(SOLVERS._entries, "waterline", Replacement)
+    alloc = sera_opt.allocate(p, 160, max_rollouts=32)
+    assert counting.built == 2, "a cached policy outlived the solver registered under its name"
+    assert alloc.counts.sum() == 160
+
+
+@pytest.mark.parametrize("m", [1, 7, 300, 1024])
+def test_allocate_equals_policy_allocate(m):
+    p = np.random.default_rng(m).uniform(0, 1, m)
+    policy = sera_opt.get_policy("sera", min_rollouts=1, max_rollouts=64)
+    for _ in range(2):
+        assert np.array_equal(sera_opt.allocate(p, 8 * m, min_rollouts=1, max_rollouts=64).counts,
+                              policy.allocate(p, 8 * m).counts)
