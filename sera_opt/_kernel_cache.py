@@ -30,8 +30,10 @@ directory; nothing stale is ever loaded.
    ``%LOCALAPPDATA%\\sera_opt\\Cache`` on Windows.
 
 If that directory cannot be written, the kernels compile in memory in every
-process, and one line on standard error says so and how to fix it; nothing is
-ever written into the installed package.
+process, and one notice on standard error says so and how to fix it; nothing is
+ever written into the installed package. A damaged cached kernel is removed and
+compiled again, and a full disk leaves the kernels compiled in memory, each with
+one notice (:mod:`sera_opt._jit`): an unusable cache never fails a run.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import os
+import pickle
 import re
 import shutil
 import sys
@@ -48,6 +51,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from ._notices import notice
 from ._version import __version__
 from .exceptions import SeraOptError
 
@@ -69,8 +73,10 @@ _KERNEL_MARKER = re.compile(rb"^from \.+_jit import njit\b", re.MULTILINE)
 _KEY_PATTERN = re.compile(r"^[0-9][\w.+!-]*-numba[\w.+!-]+-[0-9a-f]{16}$")
 
 _LOCK = threading.Lock()
-_STATE: dict = {"override": None, "resolved": None, "notice_printed": False, "used": False,
-                "key": None}
+# "decorated": a kernel has been given its cache directory (it can still be given
+# another); "loaded": a kernel has been loaded or compiled, so the directory is fixed.
+_STATE: dict = {"override": None, "resolved": None, "notice_printed": False, "decorated": False,
+                "loaded": False, "key": None}
 
 
 def kernel_sources(root: str | os.PathLike | None = None) -> list[Path]:
@@ -182,7 +188,8 @@ def set_kernel_cache_dir(path: str | os.PathLike | None) -> None:
 
     It must be called before the first kernel is used in the process (before the
     first allocation, tracker update or estimator call): kernels already loaded
-    keep the directory they were loaded from. The environment variable
+    keep the directory they were loaded from. Looking at the cache first
+    (:func:`kernel_cache_info`) is fine. The environment variable
     ``SERA_OPT_CACHE_DIR`` does the same for every process.
     """
     if path is not None and not isinstance(path, (str, os.PathLike)):
@@ -192,12 +199,27 @@ def set_kernel_cache_dir(path: str | os.PathLike | None) -> None:
         raise SeraOptError("set_kernel_cache_dir got an empty path; pass a directory, or None "
                            "for the default.")
     with _LOCK:
-        if _STATE["used"]:
+        if _STATE["loaded"]:
             raise SeraOptError(
                 f"the kernels of this process are already loaded from {_STATE['resolved'] or 'memory'}; "
                 f"call set_kernel_cache_dir before the first allocation, tracker update or "
                 f"estimator call, or set {ENV_VAR} in the environment before starting Python.")
         _STATE["override"] = None if path is None else Path(path).expanduser()
+        if not _STATE["decorated"]:
+            return
+        # Kernels were decorated (kernel_cache_info imports them) but none was loaded:
+        # give them the new directory.
+        _STATE["decorated"] = False
+        _STATE["resolved"] = None
+    directory = directory_for_compiling()
+    jit = sys.modules.get(f"{__package__}._jit")
+    if jit is not None:
+        jit.repoint_caches(directory)
+
+
+def mark_loaded() -> None:
+    """Record that a kernel is being loaded or compiled: the directory is fixed from now."""
+    _STATE["loaded"] = True
 
 
 def _writable(directory: Path) -> OSError | None:
@@ -211,19 +233,28 @@ def _writable(directory: Path) -> OSError | None:
 
 
 def _can_write(directory: Path) -> bool:
-    """Whether ``directory`` could be written, without creating it."""
+    """Whether ``directory`` could be written, without creating it: a file is made
+    and removed in it (or in its nearest existing parent), since ``os.access`` says
+    yes to root, and to a read-only file system on some platforms."""
     existing = directory
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
-    return existing.is_dir() and os.access(existing, os.W_OK | os.X_OK)
+    if not existing.is_dir():
+        return False
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError:
+        return False
+    return True
 
 
 def directory_for_compiling() -> Path | None:
     """The cache directory for the kernels of this process, checked writable once;
     ``None`` (after a one-line notice on stderr) when it cannot be written."""
     with _LOCK:
-        if not _STATE["used"]:
-            _STATE["used"] = True
+        if not _STATE["decorated"]:
+            _STATE["decorated"] = True
             directory = kernel_cache_dir()
             problem = _writable(directory)
             if problem is None:
@@ -231,10 +262,9 @@ def directory_for_compiling() -> Path | None:
             elif not _STATE["notice_printed"]:
                 _STATE["notice_printed"] = True
                 reason = problem.strerror or type(problem).__name__
-                print(f"sera_opt: the kernel cache directory {directory} cannot be written "
-                      f"({reason}); the kernels compile in memory in every process. Set "
-                      f"{ENV_VAR} to a writable directory to cache them.",
-                      file=sys.stderr, flush=True)
+                notice(f"sera_opt: the kernel cache directory {directory} cannot be written "
+                       f"({reason}); the kernels compile in memory in every process. Set "
+                       f"{ENV_VAR} to a writable directory to cache them.")
         return _STATE["resolved"]
 
 
@@ -249,8 +279,10 @@ class KernelCacheInfo:
         ``NUMBA_CACHE_DIR`` or the per-user cache directory).
     key : ``<sera_opt version>-numba<numba version>-<hash of the kernel sources>``.
     writable : whether the directory can be written (if not, kernels compile in memory).
-    cached : kernel module name -> number of its kernels found in the cache.
+    cached : kernel module name -> number of its kernels found in the cache, intact.
     size_bytes : bytes on disk under ``directory``.
+    damaged : the cache files that cannot be read back (truncated or corrupt); the
+        next use of their kernels removes them and compiles again.
     """
 
     directory: Path
@@ -259,16 +291,24 @@ class KernelCacheInfo:
     writable: bool
     cached: dict
     size_bytes: int
+    damaged: tuple = ()
 
     @property
     def state(self) -> str:
-        """``"warm"`` when compiled kernels are cached (a kernel not used yet still
-        compiles on its first use), ``"cold"`` when nothing is."""
+        """``"damaged"`` when a cache file cannot be read back, ``"warm"`` when compiled
+        kernels are cached (a kernel not used yet still compiles on its first use),
+        ``"cold"`` when nothing is."""
+        if self.damaged:
+            return "damaged"
         return "warm" if any(self.cached.values()) else "cold"
 
     def summary(self) -> str:
         if not self.writable:
             where = f"{self.directory} (cannot be written: the kernels compile in memory)"
+        elif self.state == "damaged":
+            where = (f"{self.directory} (damaged: {len(self.damaged)} file"
+                     f"{'' if len(self.damaged) == 1 else 's'} cannot be read back; their "
+                     f"kernels are compiled again on first use, or run `sera-opt cache clear`)")
         elif self.state == "warm":
             where = (f"{self.directory} (warm: {sum(self.cached.values())} kernels, "
                      f"{self.size_bytes / 2**20:.1f} MiB)")
@@ -294,6 +334,7 @@ def kernel_cache_info(*, inspect_kernels: bool = True) -> KernelCacheInfo:
     directory = kernel_cache_dir()
     writable = _can_write(directory)
     cached: dict = {}
+    damaged = _damaged_files(directory) if directory.is_dir() else []
     if inspect_kernels:
         for path in kernel_sources():
             name = _module_name(path)
@@ -302,16 +343,43 @@ def kernel_cache_info(*, inspect_kernels: bool = True) -> KernelCacheInfo:
                            if hasattr(value, "signatures") and hasattr(value, "py_func")
                            and value.py_func.__module__ == name]
             if dispatchers:  # a numba-free module of constants has no kernel to count
-                cached[name] = sum(_index_exists(d) for d in dispatchers)
+                cached[name] = sum(_index_exists(d, damaged) for d in dispatchers)
     size = sum(f.stat().st_size for f in directory.rglob("*") if f.is_file()) \
         if directory.is_dir() else 0
-    return KernelCacheInfo(directory, chosen_by, cache_key(), writable, cached, size)
+    return KernelCacheInfo(directory, chosen_by, cache_key(), writable, cached, size,
+                           tuple(damaged))
 
 
-def _index_exists(dispatcher) -> bool:
+def _index_exists(dispatcher, damaged=()) -> bool:
     cache = getattr(dispatcher, "_cache", None)
     path = getattr(getattr(cache, "_cache_file", None), "_index_path", None)
-    return bool(path) and os.path.exists(path)
+    return bool(path) and os.path.exists(path) and Path(path) not in damaged
+
+
+def _damaged_files(directory: Path) -> list[Path]:
+    """The numba cache files under ``directory`` that cannot be read back: an index
+    that does not unpickle, or a data file (named by its index) that does not. numba
+    writes each file whole (a temporary file, then a rename), so a file that fails
+    here was damaged afterwards, or by a full disk."""
+    damaged: list[Path] = []
+    for index in sorted(directory.rglob("*.nbi")):
+        try:
+            with open(index, "rb") as f:
+                pickle.load(f)  # numba's version
+                _stamp, overloads = pickle.loads(f.read())
+            names = list(overloads.values())
+        except Exception:  # truncated or corrupt: whatever unpickling raises
+            damaged.append(index)
+            continue
+        for name in names:
+            data = index.parent / name
+            try:
+                pickle.loads(data.read_bytes())
+            except FileNotFoundError:
+                continue  # numba treats a missing data file as not cached
+            except Exception:
+                damaged.append(data)
+    return damaged
 
 
 def _in_package_leftovers() -> list[Path]:
@@ -324,18 +392,51 @@ def clear_kernel_cache() -> tuple[list[Path], int]:
     """Remove every sera_opt kernel cache under the current base directory (all
     versions and keys; other files there are left alone) and any numba cache
     files that earlier versions wrote inside the installed package. Returns the
-    paths removed and the bytes freed."""
+    paths removed and the bytes freed.
+
+    A key folder that is a symbolic link (to a cache kept on another disk) loses
+    the link and the numba cache files in the folder it points to; nothing else
+    there is touched. A cache that cannot be removed (a read-only file system, a
+    folder of another user) raises :class:`SeraOptError` naming it."""
     base, _ = _base()
     removed: list[Path] = []
     freed = 0
-    targets = [p for p in base.iterdir() if p.is_dir() and _KEY_PATTERN.match(p.name)] \
-        if base.is_dir() else []
-    for directory in targets:
-        freed += sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
-        shutil.rmtree(directory)
-        removed.append(directory)
-    for leftover in _in_package_leftovers():
-        freed += leftover.stat().st_size
-        leftover.unlink()
-        removed.append(leftover)
+    try:
+        targets = [p for p in base.iterdir() if p.is_dir() and _KEY_PATTERN.match(p.name)] \
+            if base.is_dir() else []
+        for directory in targets:
+            freed += _remove_key_folder(directory)
+            removed.append(directory)
+        for leftover in _in_package_leftovers():
+            size = leftover.stat().st_size
+            leftover.unlink()
+            freed += size
+            removed.append(leftover)
+    except OSError as exc:
+        where = exc.filename or base
+        raise SeraOptError(
+            f"cannot remove the kernel cache at {where} ({exc.strerror or exc}); "
+            f"{len(removed)} entr{'y' if len(removed) == 1 else 'ies'} removed before it. "
+            f"Remove it as a user who may write there, or point {ENV_VAR} to a writable "
+            f"directory (an unwritable cache is not used: the kernels compile in memory)."
+        ) from None
     return removed, freed
+
+
+def _remove_key_folder(directory: Path) -> int:
+    """Remove one key folder (or, for a symbolic link, the link and the numba cache
+    files where it points); return the bytes freed."""
+    if directory.is_symlink():
+        target = directory.resolve()
+        files = [f for pattern in ("*.nbi", "*.nbc", "*.tmp.*") for f in target.rglob(pattern)
+                 if f.is_file()] if target.is_dir() else []
+        freed = 0
+        for f in files:
+            size = f.stat().st_size
+            f.unlink()
+            freed += size
+        directory.unlink()
+        return freed
+    freed = sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
+    shutil.rmtree(directory)
+    return freed

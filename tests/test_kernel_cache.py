@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -189,6 +190,159 @@ def test_the_command_shows_and_clears_the_cache(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"]
     again = subprocess.run([*cli, "cache", "clear"], capture_output=True, text=True, env=env)
     assert again.stdout.startswith("nothing to remove"), again.stdout
+
+
+# ----------------------------------------------------------------------------- a cache not to trust
+
+CLI = [sys.executable, "-m", "sera_opt.cli"]
+
+
+def _warm(directory: Path) -> Path:
+    """Cache the kernels that ALLOCATE uses under ``directory``; return the key folder."""
+    first = _python(ALLOCATE, _env(SERA_OPT_CACHE_DIR=str(directory)))
+    assert first.returncode == 0 and first.stdout == "[2, 6, 16]\n", first.stderr
+    key_dir = directory / _kernel_cache.cache_key()
+    assert _cache_files(key_dir), "nothing was cached"
+    return key_dir
+
+
+def test_a_damaged_cached_kernel_is_told_apart_then_compiled_again_with_one_notice(tmp_path):
+    key_dir = _warm(tmp_path)
+    env = _env(SERA_OPT_CACHE_DIR=str(tmp_path))
+    for data in key_dir.rglob("*.nbc"):
+        data.write_bytes(data.read_bytes()[:len(data.read_bytes()) // 2])
+    index = sorted(key_dir.rglob("*.nbi"))[0]
+    index.write_bytes(index.read_bytes()[:7])
+    info = subprocess.run([*CLI, "cache"], capture_output=True, text=True, env=env)
+    assert info.returncode == 0 and f"kernel cache: {key_dir} (damaged: " in info.stdout, info
+    again = _python(ALLOCATE, env)
+    assert again.returncode == 0 and again.stdout == "[2, 6, 16]\n", again.stderr
+    notices = [line for line in again.stderr.splitlines() if "could not be loaded" in line]
+    assert len(notices) == 1 and "compiled again" in notices[0], again.stderr
+    assert "Traceback" not in again.stderr, again.stderr
+    healed = subprocess.run([*CLI, "cache"], capture_output=True, text=True, env=env)
+    assert f"kernel cache: {key_dir} (warm: " in healed.stdout, healed.stdout
+    quiet = _python(ALLOCATE, env)
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+
+
+def test_a_full_disk_while_caching_leaves_the_kernels_in_memory_with_one_notice(tmp_path):
+    code = ("import errno\n"
+            "from numba.core import caching\n"
+            "def full(self, *args):\n"
+            "    raise OSError(errno.ENOSPC, 'No space left on device')\n"
+            "caching.IndexDataCacheFile._save_data = full\n"
+            "caching.IndexDataCacheFile._save_index = full\n" + ALLOCATE
+            + "import sera_opt; t = sera_opt.SuccessTracker(); t.update([1, 2], [1, 0])\n")
+    result = _python(code, _env(SERA_OPT_CACHE_DIR=str(tmp_path)))
+    assert result.returncode == 0 and result.stdout == "[2, 6, 16]\n", result.stderr
+    notices = [line for line in result.stderr.splitlines() if "No space left" in line]
+    assert len(notices) == 1 and "SERA_OPT_CACHE_DIR" in notices[0], result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+
+
+def test_cache_clear_removes_a_symlinked_key_folder_and_nothing_else(tmp_path, capsys,
+                                                                      monkeypatch):
+    from sera_opt.cli import main
+
+    monkeypatch.setenv("SERA_OPT_CACHE_DIR", str(tmp_path / "base"))
+    monkeypatch.setitem(_kernel_cache._STATE, "override", None)
+    elsewhere = tmp_path / "other-disk"
+    elsewhere.mkdir()
+    (elsewhere / "kernel.py-10.nbi").write_bytes(b"x" * 100)
+    (elsewhere / "kernel.py-10.1.nbc").write_bytes(b"x" * 300)
+    (elsewhere / "notes.txt").write_text("not a cache file")
+    (tmp_path / "base").mkdir()
+    link = tmp_path / "base" / _kernel_cache.cache_key()
+    link.symlink_to(elsewhere, target_is_directory=True)
+    assert main(["cache", "clear"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("removed 1 kernel cache entry"), (out, err)
+    assert not link.exists() and not link.is_symlink()
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["notes.txt"]
+
+
+def test_cache_clear_on_a_read_only_cache_says_so_in_one_line(tmp_path, capsys, monkeypatch):
+    import errno
+
+    from sera_opt.cli import main
+
+    monkeypatch.setenv("SERA_OPT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setitem(_kernel_cache._STATE, "override", None)
+    (tmp_path / _kernel_cache.cache_key()).mkdir()
+
+    def read_only(path, *args, **kwargs):  # root is not stopped by chmod; a mount would be
+        raise OSError(errno.EROFS, "Read-only file system", str(path))
+
+    monkeypatch.setattr(_kernel_cache.shutil, "rmtree", read_only)
+    assert main(["cache", "clear"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1, (out, err)
+    assert "cannot remove the kernel cache" in err and "Read-only file system" in err, err
+    assert "unexpected" not in err
+
+
+def test_the_version_does_not_call_an_unwritable_cache_cold(tmp_path):
+    code = ("import errno, sys, tempfile\n"
+            "def read_only(*args, **kwargs):\n"
+            "    raise OSError(errno.EROFS, 'Read-only file system')\n"
+            "tempfile.TemporaryFile = read_only\n"
+            "from sera_opt.cli import main\n"
+            "sys.exit(main(['--version']))\n")
+    result = _python(code, _env(SERA_OPT_CACHE_DIR=str(tmp_path)))
+    assert result.returncode == 0, result.stderr
+    assert "(cannot be written" in result.stdout and "cold" not in result.stdout, result.stdout
+
+
+def test_the_setting_is_allowed_after_only_looking_at_the_cache(tmp_path):
+    code = (f"import sera_opt\n"
+            f"sera_opt.kernel_cache_info()\n"
+            f"sera_opt.set_kernel_cache_dir({str(tmp_path / 'chosen')!r})\n" + ALLOCATE)
+    result = _python(code, _env(SERA_OPT_CACHE_DIR=str(tmp_path / "env")))
+    assert result.returncode == 0 and result.stdout == "[2, 6, 16]\n", result.stderr
+    assert _cache_files(tmp_path / "chosen"), "the chosen directory was not used"
+    assert not _cache_files(tmp_path / "env"), "the kernels were cached where they were looked at"
+
+
+def test_the_kernels_run_as_python_with_numba_disable_jit(tmp_path):
+    code = ALLOCATE + (
+        "import torch\n"
+        "t = sera_opt.SuccessTracker(decay=0.9, prior='fit')\n"
+        "t.update([1, 1, 2, 3, 3], [1, 0, 1, 0, 0]); t.update([1, 4], [1, 1])\n"
+        "print(t.estimate([1, 2, 3, 4, 5]).round(6).tolist())\n"
+        "print(sera_opt.maxrl_advantages(torch.tensor([1., 0, 1, 1]), "
+        "torch.tensor([0, 0, 10**12, 10**12])).tolist())\n")
+    env = _env(SERA_OPT_CACHE_DIR=str(tmp_path))
+    compiled = _python(code, env)
+    assert compiled.returncode == 0, compiled.stderr
+    interpreted = _python(code, {**env, "NUMBA_DISABLE_JIT": "1"})
+    assert interpreted.returncode == 0, interpreted.stderr
+    assert interpreted.stdout == compiled.stdout
+
+
+# ----------------------------------------------------------------------------- notices
+
+
+def test_notices_never_reach_stdout_even_with_stderr_closed(tmp_path):
+    """With stderr closed, print(file=sys.stderr) writes to stdout: a CSV would start with
+    the notice. The cache cannot be written here, so both notices are due."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    out = tmp_path / "c.csv"
+    command = (f"printf '0.9\\n0.5\\n0.05\\n' | {shlex.quote(sys.executable)} -m sera_opt.cli "
+               f"allocate - --budget 24 --max 16 2>&- > {shlex.quote(str(out))}")
+    result = subprocess.run(["bash", "-c", command],
+                            env=_env(SERA_OPT_CACHE_DIR=str(blocker / "cache")), timeout=600)
+    assert result.returncode == 0
+    assert out.read_text() == "count\n2\n6\n16\n"
+
+
+def test_notices_are_records_of_the_sera_opt_logger(tmp_path):
+    silenced = _python("import logging\nlogging.getLogger('sera_opt').setLevel(logging.ERROR)\n"
+                       + ALLOCATE, _env(SERA_OPT_CACHE_DIR=str(tmp_path / "a")))
+    assert silenced.returncode == 0 and silenced.stderr == "", silenced.stderr
+    shown = _python(ALLOCATE, _env(SERA_OPT_CACHE_DIR=str(tmp_path / "b")))
+    assert shown.returncode == 0 and shown.stderr == MESSAGE + "\n", shown.stderr
 
 
 # ----------------------------------------------------------------------------- installs

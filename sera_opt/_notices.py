@@ -1,0 +1,56 @@
+"""The library's notices (a kernel is compiling, the kernel cache cannot be used):
+log records of the ``sera_opt`` logger, written to standard error and never to
+standard output, so that a command's output stays clean.
+
+The logger has its own handler, which writes the bare message to whatever
+``sys.stderr`` is when the notice is emitted (nothing when standard error is
+closed: ``print(file=sys.stderr)`` would then write to standard output), and it
+does not propagate, so that an application that configures the root logger does
+not see each notice twice. Silence the notices with
+``logging.getLogger("sera_opt").setLevel(logging.ERROR)``; send them elsewhere by
+replacing the logger's handlers (or set ``propagate = True`` and remove ours).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+__all__ = ["LOGGER", "notice"]
+
+LOGGER = logging.getLogger("sera_opt")
+
+
+class _StderrHandler(logging.StreamHandler):
+    """A stream handler bound to the current ``sys.stderr`` (pytest's capture, a
+    redirected stream) rather than the one of the moment it was made."""
+
+    def __init__(self, level=logging.NOTSET):
+        logging.Handler.__init__(self, level)  # StreamHandler would fix the stream now
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    def emit(self, record):
+        if sys.stderr is None:  # started with standard error closed (`2>&-`)
+            return
+        super().emit(record)
+
+    def flush(self):
+        if sys.stderr is not None:
+            super().flush()
+
+
+if not any(isinstance(handler, _StderrHandler) for handler in LOGGER.handlers):
+    _handler = _StderrHandler()
+    _handler.setFormatter(logging.Formatter("%(message)s"))
+    LOGGER.addHandler(_handler)
+    LOGGER.propagate = False
+    if LOGGER.level == logging.NOTSET:
+        LOGGER.setLevel(logging.INFO)
+
+
+def notice(message: str, *, level: int = logging.WARNING) -> None:
+    """Emit ``message`` (one line, starting with ``"sera_opt: "``) on the ``sera_opt`` logger."""
+    LOGGER.log(level, message)
