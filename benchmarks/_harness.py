@@ -317,7 +317,8 @@ class ArmSpec:
 
     def start_rounds(self, planner, prompt_ids, budget: int):
         """``planner.start_rounds`` with this arm's rounds and first-round size."""
-        return planner.start_rounds(prompt_ids, budget, rounds=self.rounds, first=self.first)
+        return planner.start_rounds(prompt_ids, budget, rounds=self.rounds,
+                                    first_round=self.first)
 
     def build(self, *, min_rollouts, max_rollouts, offset: int):
         """``sera_opt.get_policy(policy, **options)`` with the experiment's bounds and offset.
@@ -511,7 +512,7 @@ def check_arms(arms, *, min_rollouts, max_rollouts, offset: int, num_prompts: in
                 policy.allocate(success_probs, budget)
                 if spec.rounds > 1:
                     policy.start_rounds(success_probs, budget, rounds=spec.rounds,
-                                        first=spec.first)
+                                        first_round=spec.first)
         except (SeraOptError, SeraOptWarning, TypeError) as exc:
             raise ArmSpecError(f"arm {spec.label!r}: {_one_line(exc)}") from None
     return specs

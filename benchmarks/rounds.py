@@ -60,10 +60,14 @@ def _session_times(policy, p, budget, rng, rounds=ROUNDS):
     """(thread CPU seconds planning every round, seconds in result()) of one session."""
     session = policy.start_rounds(p, budget, rounds=rounds)
     planning = 0.0
-    while not session.done:
+    rounds = iter(session)
+    while True:
+        # The driver loop of run_rounds, with the clock around the planning alone.
         start = time.thread_time()
-        counts = session.next_round()
+        counts = next(rounds, None)
         planning += time.thread_time() - start
+        if counts is None:
+            break
         session.record(rng.random(int(counts.sum())) < np.repeat(p, counts))
     start = time.thread_time()
     session.result()
@@ -141,7 +145,7 @@ def realized_scales(out, p: np.ndarray) -> np.ndarray:
 
 def run_scales(seeds: int, seed: int, m: int = 512) -> list[dict]:
     import sera_opt
-    from sera_opt.rounds import first_success_rule, rule_scale
+    from sera_opt.rounds import first_success_rule, rule_scale, run_rounds
 
     rows = []
     for offset in (0, 1):
@@ -156,11 +160,8 @@ def run_scales(seeds: int, seed: int, m: int = 512) -> list[dict]:
             for label, (name, rounds) in arms.items():
                 policy = sera_opt.get_policy(name, min_rollouts=1 + offset, max_rollouts=32,
                                              offset=offset)
-                session = policy.start_rounds(p, budget, rounds=rounds)
-                while not session.done:
-                    counts = session.next_round()
-                    session.record(rng.random(int(counts.sum())) < np.repeat(p, counts))
-                out = session.result()
+                out = run_rounds(policy.start_rounds(p, budget, rounds=rounds),
+                                 lambda counts: rng.random(int(counts.sum())) < np.repeat(p, counts))
                 factors = out.factors if rounds > 1 else _static_scales(p, out.counts, offset)
                 stats.setdefault(label, []).append(
                     (float(factors.mean()), float(factors.min()),

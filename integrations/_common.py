@@ -441,8 +441,8 @@ def resolve_rounds(rounds: int | None, first: int | None, unavailable: str | Non
 
 def round_diagnostics(result: Any) -> dict[str, float]:
     """A round session's per-step diagnostics (:class:`sera_opt.RoundResult`): the rounds
-    used, each round's budget, the fraction of prompts still active (no success yet)
-    after each round, and the mean and smallest expected scale of the prompts'
+    used, each round's budget, the fraction of prompts still active after each round (no
+    success yet and below their cap: ``RoundResult.active_fraction``), and the mean and smallest expected scale of the prompts'
     likelihood gradients (``factors``), where the rule has one."""
     out = {"rounds": float(result.rounds)}
     if np.isfinite(result.factors).all():  # a peer's rule without a MaxRL scale has NaN

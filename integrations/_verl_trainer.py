@@ -62,9 +62,11 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.utils import tensordict_utils as tu
 from verl.utils.debug import marked_timer
 
+import sera_opt
 from sera_opt.exceptions import SeraOptError
 from sera_opt.integrations import _common
 from sera_opt.integrations import verl as sera_verl
+from sera_opt.rounds import run_rounds
 
 __all__ = [
     "PLANNER_STATE_FILE",
@@ -199,8 +201,15 @@ class SeraTrainerMixin:
         session = self.sera_planner.start_rounds(
             prompt_ids,
             budget,
-            rounds=self.sera_options.rounds,
-            first=self.sera_options.first_round,
+            # The default's rounds are not warned about when the budget fills fewer
+            # (the options resolve the default to its number; the session then just
+            # runs the rounds that sample).
+            rounds=(
+                None
+                if self.sera_options.rounds == sera_opt.rounds.DEFAULT_ROUNDS
+                else self.sera_options.rounds
+            ),
+            first_round=self.sera_options.first_round,
             observe=False,  # observed once, from the estimator's outcomes (_compute_advantage)
         )
         self._sera_round_groups = {}
@@ -208,18 +217,17 @@ class SeraTrainerMixin:
         tags: list[dict] = []
         metrics: dict = {}
         timing = getattr(self, "timing_raw", None)
-        while not session.done:
-            counts = session.next_round()
-            if not counts.any():  # a round without budget: nothing to generate
-                session.record(np.zeros(0))
-                continue
+
+        def sample(counts: np.ndarray) -> np.ndarray:
             with marked_timer("sera_rounds", timing if timing is not None else {}):
                 round_keys, round_tags, outcomes = self._sera_run_round(
                     prompts, uids, prompt_ids, counts, session.round, metrics
                 )
-            session.record(outcomes)
-            keys += round_keys
-            tags += round_tags
+            keys.extend(round_keys)
+            tags.extend(round_tags)
+            return outcomes
+
+        run_rounds(session, sample)
         self.replay_buffer.prepared = KVBatchMeta(partition_id="train", keys=keys, tags=tags)
         result = session.result()
         self.sera_round_result = result

@@ -55,7 +55,7 @@ import torch
 import sera_opt
 from sera_opt.exceptions import SeraOptError, SeraOptWarning
 from sera_opt.integrations import _common
-from sera_opt.rounds import DEFAULT_ROUNDS
+from sera_opt.rounds import run_rounds
 
 __all__ = [
     "LOSS_MODES",
@@ -589,11 +589,8 @@ def _draw_rounds(session: Any, ids: np.ndarray, rollout_fn: Callable[[RolloutPla
     log_parts: list[torch.Tensor] = []
     mask_parts: list[torch.Tensor] = []
     reward_parts: list[np.ndarray] = []
-    while not session.done:
-        counts = session.next_round()
-        if not counts.any():
-            session.record(np.zeros(0))
-            continue
+
+    def sample(counts: np.ndarray) -> np.ndarray:
         plan = RolloutPlan(prompt_ids=ids, counts=counts,
                            prompt_index=np.repeat(positions, counts))
         log_probs, rewards, mask = _unpack_rollouts(rollout_fn(plan))
@@ -604,12 +601,14 @@ def _draw_rounds(session: Any, ids: np.ndarray, rollout_fn: Callable[[RolloutPla
             )
         outcomes = _common.binary_outcomes(_rewards_tensor(rewards, plan.budget, None),
                                            success_threshold)
-        session.record(outcomes)
         log_parts.append(log_probs)
         if log_probs.dim() == 2:
             mask_parts.append(torch.ones_like(log_probs) if mask is None
                               else torch.as_tensor(mask, device=log_probs.device))
         reward_parts.append(outcomes)
+        return outcomes
+
+    run_rounds(session, sample)
     result = session.result()
     if not log_parts:
         raise SeraOptError("the step drew no rollouts (a zero budget?); nothing to train on.")
@@ -629,9 +628,9 @@ def maxrl_round_step(
     budget: int,
     rollout_fn: Callable[[RolloutPlan], Any],
     *,
-    rounds: int = DEFAULT_ROUNDS,
-    first: int | None = None,
-    round_budgets: Sequence[int] | None = None,
+    rounds: int | None = None,
+    first_round: int | None = None,
+    later_budgets: Sequence[int] | None = None,
     mode: str | None = None,
     estimator: str = "mean_centred",
     multiplicity_correction: bool = True,
@@ -656,7 +655,7 @@ def maxrl_round_step(
         Total rollouts of the step, over all rounds.
     rollout_fn : callable
         As in :func:`maxrl_step`, called once per round.
-    rounds, first, round_budgets
+    rounds, first_round, later_budgets
         As in :meth:`sera_opt.RolloutPlanner.start_rounds`: by default
         :data:`sera_opt.rounds.DEFAULT_ROUNDS` (4) rounds, the first giving every
         prompt half the average count, the rest split evenly over the later rounds
@@ -672,8 +671,8 @@ def maxrl_round_step(
     """
     check_planner_offset(planner, estimator, stacklevel=3)
     ids = _as_prompt_id_array(prompt_ids)
-    session = planner.start_rounds(ids, budget, rounds=rounds, first=first,
-                                   round_budgets=round_budgets)
+    session = planner.start_rounds(ids, budget, rounds=rounds, first_round=first_round,
+                                   later_budgets=later_budgets)
     log_probs, mask, rewards, result = _draw_rounds(session, ids, rollout_fn, success_threshold)
     loss = maxrl_loss(log_probs, rewards, result.prompt_index, mask=mask, mode=mode,
                       estimator=estimator, multiplicity_correction=multiplicity_correction,

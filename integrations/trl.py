@@ -57,6 +57,7 @@ except ImportError as _error:  # pragma: no cover - depends on the environment
 
 import sera_opt
 from sera_opt.integrations import _common
+from sera_opt.rounds import run_rounds
 from sera_opt.integrations.torch_loop import (
     RolloutPlan,
     _as_prompt_id_array,
@@ -365,6 +366,9 @@ class SeraGRPOTrainer(GRPOTrainer):
         self.sera_loss_mode = loss_mode(args.loss_type)
         self.sera_history: deque[dict[str, Any]] = deque(maxlen=history_size)
         rounds, self.sera_first_round = _common.check_rounds(rounds, first_round)
+        # The rounds asked for (None: the default): a session warns only when rounds it
+        # was asked for cannot sample, not when the default's cannot.
+        self._sera_rounds_asked = rounds
         unavailable = _rounds_unavailable(kwargs)
         self.sera_rounds = _common.resolve_rounds(rounds, first_round, unavailable, stacklevel=3)
         self._sera_plan: RolloutPlan | None = None
@@ -655,7 +659,11 @@ class SeraGRPOTrainer(GRPOTrainer):
                 "generation call); use rounds=1."
             )
         session = self.sera_planner.start_rounds(
-            prompt_ids, budget, rounds=self.sera_rounds, first=self.sera_first_round, observe=False
+            prompt_ids,
+            budget,
+            rounds=self._sera_rounds_asked,
+            first_round=self.sera_first_round,
+            observe=False,
         )
         # Each round's backend call gathers over processes: every process must run the
         # same rounds with the same number of rows (same share, same plan of budgets).
@@ -671,12 +679,11 @@ class SeraGRPOTrainer(GRPOTrainer):
         outputs: list[tuple] = []
         local_rewards: list[torch.Tensor] = []
         generated = np.zeros(len(groups), dtype=np.int64)
-        while not session.done:
-            counts = session.next_round()
+
+        def sample(counts: np.ndarray) -> np.ndarray:
+            # Every round run_rounds hands out samples (empty rounds are dropped when the
+            # session starts, the same on every process: the budgets were checked equal).
             rows_in_round = int(counts.sum())
-            if rows_in_round == 0:  # a round with no budget: the same on every process
-                session.record(np.zeros(0))
-                continue
             index = np.repeat(positions, counts)
             round_rows = [copy.copy(groups[p]) for p in index.tolist()]
             prompts = [row["prompt"] for row in round_rows]
@@ -687,16 +694,18 @@ class SeraGRPOTrainer(GRPOTrainer):
             finally:
                 self._sera_plan = None
             # _generate checked the round's rows against its plan, prompt by prompt.
-            generated += self._sera_generated_counts
+            np.add(generated, self._sera_generated_counts, out=generated)
             completion_ids, completions = result[1], result[3]
             gathered = GRPOTrainer._calculate_rewards(
                 self, round_rows, prompts, completions, completion_ids
             )
             local = slice(rank * rows_in_round, (rank + 1) * rows_in_round)
-            # Checked on the gathered rewards, so that every process raises together.
-            session.record(self._sera_outcomes(self._sera_rewards(gathered)[local]))
             outputs.append(result)
             local_rewards.append(gathered[local])
+            # Checked on the gathered rewards, so that every process raises together.
+            return self._sera_outcomes(self._sera_rewards(gathered)[local])
+
+        run_rounds(session, sample)
         return (
             session.result(),
             generated,

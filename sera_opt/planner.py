@@ -95,12 +95,17 @@ class RolloutPlanner(LockedState):
         (``sera-fair`` at alpha 1, ``offset=1``, ``min_rollouts=2``: the pairing
         for the default ``maxrl_advantages`` estimator). A named policy takes its
         own defaults (offset 0, ``min_rollouts=1``): pass ``offset`` and
-        ``min_rollouts`` for the estimator you use. A named policy (or an
-        instance) also allocates the later rounds of :meth:`start_rounds`; the
-        default planner allocates them with :data:`DEFAULT_ROUND_POLICY` instead
-        (see :attr:`round_policy`).
+        ``min_rollouts`` for the estimator you use.
     tracker : SuccessTracker, optional
         Defaults to ``SuccessTracker()`` (fitted prior, no forgetting).
+    round_policy : str or AllocationPolicy, optional
+        Allocates the rounds after the first in :meth:`start_rounds`. A name is built
+        with the policy's offset and bounds. None: :data:`DEFAULT_ROUND_POLICY` for the
+        default planner (no ``policy`` named), the policy itself for a named one. So
+        ``RolloutPlanner()`` and ``RolloutPlanner("sera-fair", alpha=1.0, offset=1,
+        min_rollouts=2, round_policy="uniform")`` are the same planner (the same
+        :meth:`config`), and ``RolloutPlanner("sera-fair", alpha=1.0, offset=1,
+        min_rollouts=2)`` is another: its rounds are allocated by ``sera-fair``.
     **policy_options
         Passed to the policy's constructor (e.g. ``max_rollouts=32``,
         ``offset=1``).
@@ -110,8 +115,9 @@ class RolloutPlanner(LockedState):
     policy : AllocationPolicy
         Allocates :meth:`plan` (and ``start_rounds(..., rounds=1)``).
     round_policy : AllocationPolicy
-        Allocates the rounds after the first in :meth:`start_rounds`. The planner's
-        ``policy`` itself when one was named; for the default planner
+        Allocates the rounds after the first in :meth:`start_rounds` (shown by
+        :meth:`config` and the repr). The planner's ``policy`` itself when one was
+        named and no ``round_policy`` given; for the default planner
         :data:`DEFAULT_ROUND_POLICY` (``uniform``: each round's budget shared evenly
         among the prompts still without a success) with the default policy's offset
         and bounds, its cap of ``max_ratio`` times the average count included. This
@@ -119,14 +125,17 @@ class RolloutPlanner(LockedState):
         chose (docs/benchmarks.md).
     """
 
-    def __init__(self, policy=None, tracker: SuccessTracker | None = None,
-                 **policy_options: Any):
+    def __init__(self, policy=None, tracker: SuccessTracker | None = None, *,
+                 round_policy=None, **policy_options: Any):
         default = policy is None
         if default:
             policy, policy_options = DEFAULT_POLICY, {**DEFAULT_POLICY_OPTIONS, **policy_options}
         self.policy: AllocationPolicy = get_policy(policy, **policy_options)
-        self.round_policy: AllocationPolicy = (_default_round_policy(self.policy) if default
-                                               else self.policy)
+        if round_policy is None:
+            round_policy = DEFAULT_ROUND_POLICY if default else self.policy
+        self.round_policy: AllocationPolicy = (
+            _round_policy_named(round_policy, self.policy) if isinstance(round_policy, str)
+            else get_policy(round_policy))
         if tracker is None:
             tracker = SuccessTracker()
         elif not isinstance(tracker, SuccessTracker):
@@ -134,6 +143,9 @@ class RolloutPlanner(LockedState):
                 f"tracker must be a sera_opt.SuccessTracker, got {type(tracker).__name__}."
             )
         self.tracker = tracker
+        # Round sessions started with observe=True whose outcomes the tracker is still
+        # owed, by id (an ordered set): each is observed once (observe_rounds).
+        self._owed: dict[str, None] = {}
         self._lock = threading.RLock()
 
 
@@ -210,54 +222,99 @@ class RolloutPlanner(LockedState):
         policy._check_inputs(allocate_options)
         return policy, (tracker, prior, static), success_probs, allocate_options
 
-    def start_rounds(self, prompt_ids, budget, *, rounds=DEFAULT_ROUNDS, first=None,
-                     round_budgets=None, min_rollouts=None, max_rollouts=None, observe=True,
+    def start_rounds(self, prompt_ids, budget, *, rounds=None, first_round=None,
+                     later_budgets=None, min_rollouts=None, max_rollouts=None, observe=True,
                      **allocate_options: Any):
-        """Plan the step's ``budget`` in ``rounds`` rounds (docs/theory.md section 9); returns a
-        :class:`~sera_opt.rounds.RoundSession`.
+        """Plan the step's ``budget`` in ``rounds`` rounds (docs/theory.md section 9);
+        returns a :class:`~sera_opt.rounds.RoundSession`.
 
         ``rounds`` defaults to :data:`DEFAULT_ROUNDS`. The first round gives every
-        prompt ``first`` rollouts; each round after it is allocated by
+        prompt ``first_round`` rollouts; each round after it is allocated by
         :attr:`round_policy` on the tracker's posteriors updated with the step's
-        outcomes so far, within the bounds of the planner's policy. When the session
-        ends (its last :meth:`~sera_opt.rounds.RoundSession.record`, or
-        :meth:`~sera_opt.rounds.RoundSession.stop`) the tracker receives every
-        round's outcomes in one update: do not also :meth:`observe` them. With
-        ``observe=False`` it does not, and the caller observes the rollouts itself (a
-        data-parallel trainer observes every process's rollouts, not only its own). With
+        outcomes so far, within the bounds of the planner's policy. Everything
+        :meth:`plan` would check is checked here, before the first round. With
         ``rounds=1`` the counts are those of :meth:`plan` (the planner's
         :attr:`policy`), bit for bit.
 
-        ``first``, ``round_budgets``, ``min_rollouts`` and ``max_rollouts`` are those of
-        :meth:`sera_opt.AllocationPolicy.start_rounds`; ``allocate_options`` the
-        policy's other extra inputs (as for :meth:`plan`).
+        When the session ends (its last :meth:`~sera_opt.rounds.RoundSession.record`,
+        or :meth:`~sera_opt.rounds.RoundSession.stop`) it hands itself to
+        :meth:`observe_rounds`, and the tracker receives every round's outcomes in one
+        update: do not also :meth:`observe` them. With ``observe=False`` it does not,
+        and the caller observes the rollouts itself (a data-parallel trainer observes
+        every process's rollouts, not only its own).
+
+        ``first_round``, ``later_budgets``, ``min_rollouts`` and ``max_rollouts`` are
+        those of :meth:`sera_opt.AllocationPolicy.start_rounds`; ``allocate_options``
+        the policy's other extra inputs (as for :meth:`plan`).
         """
         from .problem import validate_count
 
-        rounds = validate_count(rounds, "rounds", minimum=1)
+        count = DEFAULT_ROUNDS if rounds is None else validate_count(rounds, "rounds",
+                                                                     minimum=1)
         if not isinstance(observe, bool):
             raise SeraOptError(f"observe must be True or False; got {observe!r}.")
         policy, (tracker, prior, static_policy), success_probs, options = self._inputs(
-            prompt_ids, allocate_options, "start_rounds", posterior=True, rounds=rounds > 1)
-
-        def static():
-            return policy.allocate(success_probs, budget, min_rollouts=min_rollouts,
-                                   max_rollouts=max_rollouts, **options)
-
+            prompt_ids, allocate_options, "start_rounds", posterior=True, rounds=count > 1)
         ids = _id_array(prompt_ids)
-
-        def finish(index, rewards):
-            tracker.update(ids[index], rewards)
-
-        a, b = prior
         if policy is not static_policy and max_rollouts is None and policy.max_rollouts is None:
-            # The default round policy keeps the planner's cap (max_ratio times the
-            # average count), which the static policy computes per call.
-            max_rollouts = static_policy._call_bounds(a, budget, min_rollouts, None)[1]
-        others = {k: v for k, v in options.items() if k != "posterior"}
-        return policy._round_session(a / (a + b), budget, rounds, first, round_budgets,
-                                     min_rollouts, max_rollouts, None, prior, others, static,
-                                     prompt_ids=ids, on_finish=finish if observe else None)
+            # The round policy keeps the planner's cap (max_ratio times the average
+            # count), which the static policy computes per call.
+            max_rollouts = static_policy.bounds(ids.shape[0], budget,
+                                                min_rollouts=min_rollouts)[1]
+        session = policy.start_rounds(
+            success_probs, budget, rounds=rounds, first_round=first_round,
+            later_budgets=later_budgets, min_rollouts=min_rollouts, max_rollouts=max_rollouts,
+            prior=prior, prompt_ids=ids, observer=self if observe else None, **options)
+        if observe:
+            with self._lock:
+                self._owed[session.session_id] = None
+        return session
+
+    def observe_rounds(self, session) -> RolloutPlanner:
+        """Feed the outcomes of a finished round session into the tracker, once.
+
+        A session that this planner started (with ``observe=True``) calls this itself
+        when it ends. Call it for a copy of such a session: one restored from a
+        checkpoint (a pickled or copied session does not report by itself), delivered
+        to the planner whose state was saved with it. The outcomes of one
+        :attr:`~sera_opt.rounds.RoundSession.session_id` reach the tracker once: a
+        second delivery (the original and its copy both finished) is refused, and so
+        is a session the planner does not owe (started with ``observe=False``, or by
+        another planner whose state this one does not carry).
+        """
+        from .rounds import RoundSession
+
+        if not isinstance(session, RoundSession):
+            raise SeraOptError(
+                f"observe_rounds takes the RoundSession that start_rounds returned, got "
+                f"{type(session).__name__}."
+            )
+        if not session.done:
+            raise SeraOptError(
+                "the session has rounds left; record them (or stop() it) before its outcomes "
+                "are observed."
+            )
+        result = session.result()
+        with self._lock:
+            if session.session_id not in self._owed:
+                raise SeraOptError(
+                    f"round session {session.session_id} is not owed to this planner's tracker: "
+                    f"its outcomes were observed already (a copy of a session shares its id and "
+                    f"counts once), or it was started with observe=False, or by a planner whose "
+                    f"state this one does not carry. Observe each step's outcomes once."
+                )
+            del self._owed[session.session_id]
+            tracker = self.tracker
+        if result.num_rollouts:
+            tracker.update(np.asarray(result.prompt_ids)[result.prompt_index], result.rewards)
+        return self
+
+    @property
+    def open_rounds(self) -> tuple[str, ...]:
+        """The ids of the round sessions whose outcomes the tracker is still owed (started
+        with ``observe=True`` and not yet observed), oldest first."""
+        with self._lock:
+            return tuple(self._owed)
 
     def observe(self, prompt_ids, rewards) -> RolloutPlanner:
         """Record rollout outcomes (one entry per rollout); see :meth:`SuccessTracker.update`."""
@@ -266,8 +323,22 @@ class RolloutPlanner(LockedState):
         tracker.update(prompt_ids, rewards)  # the tracker holds its own lock
         return self
 
+    def config(self) -> dict[str, Any]:
+        """The planner's configuration: its policy's and its round policy's
+        (:meth:`AllocationPolicy.config`). Two planners with equal configurations plan
+        alike, in one round and in rounds."""
+        with self._lock:
+            return {"policy": self.policy.config(), "round_policy": self.round_policy.config()}
+
     def state_dict(self) -> dict[str, Any]:
-        """The policy's configuration and the tracker's state, for checkpoints."""
+        """The policy's configuration, the tracker's state and the ids of the round
+        sessions still owed to the tracker (:attr:`open_rounds`), for checkpoints.
+
+        A session open when the state is saved is not in it, only its id: checkpoint
+        the session beside the state (it pickles), and after :meth:`load_state_dict`
+        finish it and hand it to :meth:`observe_rounds`; its outcomes then reach the
+        tracker once, as in a step run through.
+        """
         with self._lock:
             return {
                 "format": _FORMAT,
@@ -276,6 +347,7 @@ class RolloutPlanner(LockedState):
                 "round_policy": (None if self.round_policy is self.policy
                                  else self.round_policy.config()),
                 "tracker": self.tracker.state_dict(),
+                "open_rounds": list(self._owed),
             }
 
     def load_state_dict(self, state: Mapping[str, Any], **objects: Any) -> RolloutPlanner:
@@ -302,8 +374,15 @@ class RolloutPlanner(LockedState):
                 config = state["policy"]
             round_config = state["round_policy"] if state["format"] == _FORMAT else None
             tracker_state = state["tracker"]
+            owed = state.get("open_rounds", [])
         except (KeyError, TypeError) as exc:
             raise SeraOptError(f"malformed RolloutPlanner state: missing {exc}.") from None
+        if (not isinstance(owed, (list, tuple))
+                or not all(isinstance(key, str) for key in owed)):
+            raise SeraOptError(
+                f"malformed RolloutPlanner state: 'open_rounds' must be a list of round "
+                f"session ids (strings), got {owed!r}."
+            )
         with self._lock:
             policy = policy_from_config(config, **self._current_objects(config, objects))
             round_policy = (policy if round_config is None else policy_from_config(
@@ -312,6 +391,7 @@ class RolloutPlanner(LockedState):
             tracker = SuccessTracker.from_state_dict(tracker_state)
             # All built and checked: swap them in together.
             self.policy, self.round_policy, self.tracker = policy, round_policy, tracker
+            self._owed = dict.fromkeys(owed)
         return self
 
     def _current_objects(self, config, objects: dict[str, Any]) -> dict[str, Any]:
@@ -331,13 +411,12 @@ class RolloutPlanner(LockedState):
         return out
 
     def __repr__(self) -> str:
-        rounds = ("" if self.round_policy is self.policy
-                  else f", round_policy={self.round_policy!r}")
-        return f"RolloutPlanner(policy={self.policy!r}{rounds}, tracker={self.tracker!r})"
+        return (f"RolloutPlanner(policy={self.policy!r}, round_policy={self.round_policy!r}, "
+                f"tracker={self.tracker!r})")
 
 
-def _default_round_policy(policy: AllocationPolicy) -> AllocationPolicy:
-    """:data:`DEFAULT_ROUND_POLICY` with ``policy``'s offset and bounds (its ratio cap is
-    applied per call, by :meth:`RolloutPlanner.start_rounds`)."""
-    return get_policy(DEFAULT_ROUND_POLICY, offset=policy.offset,
-                      min_rollouts=policy.min_rollouts, max_rollouts=policy.max_rollouts)
+def _round_policy_named(name: str, policy: AllocationPolicy) -> AllocationPolicy:
+    """The policy registered as ``name`` with ``policy``'s offset and bounds (its ratio
+    cap is applied per call, by :meth:`RolloutPlanner.start_rounds`)."""
+    return get_policy(name, offset=policy.offset, min_rollouts=policy.min_rollouts,
+                      max_rollouts=policy.max_rollouts)

@@ -47,6 +47,7 @@ Run ``sera-opt bench alignment`` (full, seed 0), ``sera-opt bench alignment
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import asdict
 from typing import Any
 
@@ -54,6 +55,7 @@ import numpy as np
 
 import sera_opt
 from sera_opt.benchmarks import _harness
+from sera_opt.rounds import run_rounds
 from sera_opt.benchmarks.alignment import digits as _digits
 
 from .config import HISTOGRAM_BINS, AlignmentConfig, build_methods
@@ -299,19 +301,26 @@ def _score_rounds(config: AlignmentConfig, setting, method, policy_cache: dict, 
     counts_seen, at_min, top5, draws = [], [], [], []
     lo = 1 + method.offset
     for s in range(config.round_sessions):
-        if planner is not None:
-            # observe=False: the tracker is the earlier round's, the same for every session
-            session = planner.start_rounds(batch, budget, rounds=arm.rounds, first=arm.first,
-                                           observe=False)
-        else:
-            session = policy.start_rounds(p_true, budget, rounds=arm.rounds, first=arm.first)
+        with warnings.catch_warnings():
+            # The arm's rounds are an upper bound across the budgets swept: where the
+            # first round takes the whole budget (c = 1, two rollouts a prompt) the
+            # session runs that round alone, as it says.
+            warnings.simplefilter("ignore", sera_opt.SeraOptWarning)
+            if planner is not None:
+                # observe=False: the tracker is the earlier round's, the same for every
+                # session
+                session = planner.start_rounds(batch, budget, rounds=arm.rounds,
+                                               first_round=arm.first, observe=False)
+            else:
+                session = policy.start_rounds(p_true, budget, rounds=arm.rounds,
+                                              first_round=arm.first)
         labels, index, rounds = [], [], []
         totals, successes = np.zeros(m, dtype=np.int64), np.zeros(m)
-        while not session.done:
-            counts = session.next_round()
+
+        def sample(counts):
+            nonlocal first, totals, successes
             prompt_index, drawn = sample_rollouts(rng, grads.label_probs, counts)
             rewards = (drawn == grads.labels[prompt_index]).astype(np.float64)
-            session.record(rewards)
             if not rounds:
                 first = counts  # the first round is fixed before sampling: the same each time
             totals += counts
@@ -319,6 +328,9 @@ def _score_rounds(config: AlignmentConfig, setting, method, policy_cache: dict, 
             labels.append(drawn)
             index.append(prompt_index)
             rounds.append(np.full(prompt_index.shape[0], len(rounds), dtype=np.int64))
+            return rewards
+
+        run_rounds(session, sample)
         # (session.result() is not needed: the rows are the ones drawn here; its factors,
         # the session's own approximation of kappa, are not used)
         hits += successes >= 1

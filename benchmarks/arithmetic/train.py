@@ -273,18 +273,18 @@ def _device_generator(device: str, seed: int):
 def _sample_in_rounds(session, prompt_ids, sample):
     """Draw every round of ``session`` with ``sample(rollout_ids) -> (prompts, completions,
     rewards)``; returns the rounds' rows concatenated in order and the session's result."""
+    from sera_opt.rounds import run_rounds
+
     torch = _torch()
     parts = []
     positions = np.arange(len(prompt_ids))
-    while not session.done:
-        counts = session.next_round()
-        if not counts.any():
-            session.record(np.zeros(0))
-            continue
+
+    def draw(counts):
         prompts, completions, rewards = sample(prompt_ids[np.repeat(positions, counts)])
-        session.record(rewards)
         parts.append((prompts, completions, np.asarray(rewards)))
-    result = session.result()
+        return rewards
+
+    result = run_rounds(session, draw)
     return (torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]),
             np.concatenate([p[2] for p in parts]), result)
 

@@ -336,7 +336,7 @@ def train_arm(policy, planner, train: MazeBatch, test: MazeBatch, config: MazeCo
             prompt_index = out.prompt_index
         elif in_rounds:
             out = torch_loop.maxrl_round_step(
-                planner, ids, config.budget, walk, rounds=spec.rounds, first=spec.first,
+                planner, ids, config.budget, walk, rounds=spec.rounds, first_round=spec.first,
                 mode=config.loss_mode, estimator=config.estimator,
                 multiplicity_correction=config.multiplicity_correction)
             prompt_index = out.prompt_index

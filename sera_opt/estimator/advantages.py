@@ -308,7 +308,8 @@ def maxrl_advantages(rewards, prompt_index, *, estimator: str = "mean_centred",
     if round_index is not None:
         first = _first_round_mask(round_index, groups, validate)
         if offset == 1:
-            values = _first_round_values(groups, first, multiplicity_correction, process_group)
+            values = _first_round_values(groups, first, multiplicity_correction, process_group,
+                                         validate)
             index = groups.codes.long() * 2 + first.long()
             return values.view(-1).index_select(0, index)
     values = _slot_values(groups, offset, multiplicity_correction)
@@ -335,12 +336,15 @@ def _first_round_mask(round_index, groups, validate: bool) -> torch.Tensor:
             f"{rounds.device}."
         )
     if validate and n and bool((rounds < 0).any()):
-        raise SeraOptError("round_index must be >= 0 (0 is the first round).")
+        raise SeraOptError(
+            "round_index must be >= 0 (0 is the first round): pass RoundResult.round_index as "
+            "it is."
+        )
     return rounds == 0
 
 
 def _first_round_values(groups, first: torch.Tensor, multiplicity_correction: bool,
-                        process_group) -> torch.Tensor:
+                        process_group, validate: bool = True) -> torch.Tensor:
     """Per slot, the advantages of (failure, later), (failure, first), (success, later),
     (success, first) under the first-round baseline, shape (S, 2, 2)."""
     compute = torch.float32 if groups.device.type == "mps" else torch.float64
@@ -355,6 +359,19 @@ def _first_round_values(groups, first: torch.Tensor, multiplicity_correction: bo
     successes = pair[:, 1]
     first_pair = first_table.view(-1, 2).to(compute)
     n0 = first_pair[:, 0] + first_pair[:, 1]
+    if validate:
+        # Every prompt's baseline is its own first round's: a prompt without one would
+        # silently lose it (rounds counted from 1, or rows of the first round left out).
+        missing = (counts > 0) & (n0 == 0)
+        if bool(missing.any()):
+            lacking = int(missing.sum())
+            raise SeraOptError(
+                f"round_index gives {lacking} prompt(s) no rollout in round 0, but the "
+                f"mean-centred estimator's first-round baseline is each prompt's round-0 "
+                f"rollouts. Rounds count from 0 (pass RoundResult.round_index as it is; "
+                f"subtract 1 if you counted from 1), and every prompt's first round must be "
+                f"among the rows; or pass round_index=None for rollouts drawn in one round."
+            )
     gate = (first_pair[:, 1] > 0).to(compute)
     if multiplicity_correction:
         scale = counts.sum() / torch.count_nonzero(counts).clamp_min(1)

@@ -22,7 +22,7 @@ from ..problem import (
     validate_success_probs,
 )
 from ..result import Allocation
-from ..rounds.session import DEFAULT_ROUNDS
+from ..rounds.session import DEFAULT_ROUNDS, ROUND_MODES
 
 __all__ = [
     "AllocationPolicy",
@@ -133,6 +133,11 @@ class AllocationPolicy(ABC):
     * :attr:`extra_inputs`: the keywords :meth:`allocate` takes beyond the
       probabilities, budget and bounds (``{"posterior"}``, ``{"gradient_norms"}``).
     * :attr:`offset_sensitive`: whether the counts depend on the estimator offset.
+    * :attr:`round_mode`: how the policy takes part in rounds
+      (:meth:`start_rounds`): ``"scale"``, its :meth:`round_objective` solved over
+      the prompts still without a success in the count of the round (its counts
+      follow the expected scales); ``"totals"``, its rule applied to those prompts'
+      totals; ``None``, it plans in one round only.
     * :attr:`exact`: whether the counts are the exact optimum of the policy's own
       objective (``Allocation.objective``); the optimality tests run every
       registered policy flagged exact against brute force.
@@ -160,6 +165,7 @@ class AllocationPolicy(ABC):
     option_names: ClassVar[tuple[str, ...]] = ()
     extra_inputs: ClassVar[frozenset[str]] = frozenset()
     offset_sensitive: ClassVar[bool] = False
+    round_mode: ClassVar[str | None] = None
     exact: ClassVar[bool] = True
     default_min_rollouts: ClassVar[int] = 1
     default_max_rollouts: ClassVar[int | None] = None
@@ -230,17 +236,20 @@ class AllocationPolicy(ABC):
         lo = self.min_rollouts if min_rollouts is None else min_rollouts
         hi = self.max_rollouts if max_rollouts is None else max_rollouts
         if hi is None and self.max_ratio is not None:
-            hi = self._ratio_cap(success_probs, budget, lo)
+            try:
+                m = len(success_probs) if np.ndim(success_probs) == 1 else 0
+            except (TypeError, ValueError):  # a ragged list (AllocationProblem reports it)
+                m = 0
+            hi = self._ratio_cap(m, budget, lo)
         return lo, hi
 
-    def _ratio_cap(self, success_probs, budget, lo):
+    def _ratio_cap(self, m: int, budget, lo):
         """``ceil(max_ratio * budget / M)`` (at most :data:`MAX_BUDGET`), never below a
         prompt's minimum; ``None`` when
         the inputs are malformed (AllocationProblem then reports what is wrong)."""
         try:
-            m = len(success_probs) if np.ndim(success_probs) == 1 else 0
             budget = validate_count(budget, "budget")
-        except (TypeError, ValueError):  # a ragged list, a bad budget (SeraOptError)
+        except (TypeError, ValueError):  # a bad budget (SeraOptError)
             return None
         if not m:
             return None
@@ -281,15 +290,36 @@ class AllocationPolicy(ABC):
                                max_rollouts=max_rollouts)
         return self._allocate(problem, **inputs)
 
-    def start_rounds(self, success_probs, budget, *, rounds=DEFAULT_ROUNDS, first=None,
-                     round_budgets=None, min_rollouts=None, max_rollouts=None, **inputs: Any):
-        """Spend ``budget`` over ``rounds`` rounds, allocating each on what the earlier
-        ones showed (docs/theory.md section 9); returns a :class:`~sera_opt.rounds.RoundSession`.
+    def validate(self, success_probs, budget, *, min_rollouts=None, max_rollouts=None,
+                 **inputs: Any) -> AllocationProblem:
+        """Check everything :meth:`allocate` checks, with its messages, without allocating:
+        the extra inputs' names and values, the probabilities, the budget and the bounds.
+        Returns the validated :class:`~sera_opt.AllocationProblem`.
 
-        The probabilities are taken as the truth (a posterior given as
-        ``posterior=`` is updated round by round instead), so the session's
+        :meth:`start_rounds` runs it before the first round, so that what a round
+        would refuse is refused before any rollout is drawn. A policy with extra inputs
+        checks them here (the base class builds its :meth:`round_objective` where it
+        has one, which checks them as :meth:`allocate` does).
+        """
+        self._check_inputs(inputs)
+        problem = self.problem(success_probs, budget, min_rollouts=min_rollouts,
+                               max_rollouts=max_rollouts)
+        if inputs and self.round_mode is not None:
+            self.round_objective(problem, **inputs)
+        return problem
+
+    def start_rounds(self, success_probs, budget, *, rounds=None, first_round=None,
+                     later_budgets=None, min_rollouts=None, max_rollouts=None, prior=None,
+                     prompt_ids=None, observer=None, **inputs: Any):
+        """Spend ``budget`` over ``rounds`` rounds, allocating each on what the earlier
+        ones showed (docs/theory.md section 9); returns a
+        :class:`~sera_opt.rounds.RoundSession`.
+
+        The probabilities are taken as the truth (a ``prior``, or a posterior given as
+        ``posterior=``, is updated round by round instead), so the session's
         ``factors`` are exact expectations. ``rounds=1`` is :meth:`allocate`: the same
-        counts, bit for bit.
+        counts, bit for bit. Everything :meth:`allocate` checks is checked here, before
+        the first round (:meth:`validate`), with the same messages.
 
         Parameters
         ----------
@@ -298,71 +328,100 @@ class AllocationPolicy(ABC):
         budget : int
             The step's rollouts over all rounds; spent exactly unless the session is
             stopped early (:meth:`~sera_opt.rounds.RoundSession.stop`).
-        rounds : int
-            ``R >= 1``; default :data:`sera_opt.rounds.DEFAULT_ROUNDS` (4).
-        first : int, optional
+        rounds : int, optional
+            ``R >= 1``; default :data:`sera_opt.rounds.DEFAULT_ROUNDS` (4). Rounds the
+            budget leaves empty are dropped when the session starts (a round that
+            draws nothing is no generation call); when ``rounds`` was given, with a
+            :class:`~sera_opt.SeraOptWarning` that names how many can sample.
+        first_round : int, optional
             Rollouts per prompt in the first, non-adaptive round (at least the prompt's
             ``min_rollouts``). Default: half the average count, ``budget // (2 M)``, and
             at least ``min_rollouts``.
-        round_budgets : sequence of int, optional
-            The budgets of rounds 2..R (summing to what the first round leaves).
-            Default: what is left, split evenly.
+        later_budgets : sequence of int, optional
+            The budgets of rounds 2..R (``R - 1`` of them, summing to what the first
+            round leaves). Default: what is left, split evenly.
         min_rollouts, max_rollouts : int or array_like, optional
             Bounds on each prompt's realized total, as in :meth:`allocate`.
+        prior : tuple (alpha, beta) of array_like, optional
+            Beta posteriors of the prompts' success probabilities, which the later
+            rounds update with the step's failures and allocate on (the planner passes
+            its tracker's); default: the ``posterior`` input where the policy takes
+            one, else none (``success_probs`` are the truth).
+        prompt_ids : array_like, optional
+            The prompts' ids, carried to :attr:`RoundResult.prompt_ids
+            <sera_opt.rounds.RoundResult>`.
+        observer : object, optional
+            Something with ``observe_rounds(session)``, called once with the session
+            when it ends (its last round recorded, or stopped); the planner passes
+            itself.
         **inputs
             The policy's :attr:`extra_inputs`.
         """
-        self._check_inputs(inputs)
-        rounds = validate_count(rounds, "rounds", minimum=1)
-        posterior = inputs.get("posterior")
-        if success_probs is None and posterior is not None:
-            from ..separable import validate_beta_posterior
-
-            a, b = validate_beta_posterior(*posterior)
-            p = a / (a + b)
-        else:
-            p = validate_success_probs(success_probs)
-        static_probs = success_probs
-
-        def static():
-            return self.allocate(static_probs, budget, min_rollouts=min_rollouts,
-                                 max_rollouts=max_rollouts, **inputs)
-
-        prior = None
-        if posterior is not None:
-            from ..separable import validate_beta_posterior
-
-            prior = validate_beta_posterior(*posterior, p.shape[0])
-        others = {k: v for k, v in inputs.items() if k != "posterior"}
-        return self._round_session(p, budget, rounds, first, round_budgets, min_rollouts,
-                                   max_rollouts, None if prior is not None else p, prior,
-                                   others, static)
-
-    def _round_session(self, p, budget, rounds, first, round_budgets, min_rollouts,
-                       max_rollouts, truth, prior, inputs, static, prompt_ids=None,
-                       on_finish=None):
-        """The session of :meth:`start_rounds` and the planner's, on validated inputs."""
         from ..rounds import RoundSession
 
-        budget = validate_count(budget, "budget")
-        lo, hi = self._call_bounds(p, budget, min_rollouts, max_rollouts)
-        problem = AllocationProblem(p, budget, min_rollouts=lo, max_rollouts=hi,
-                                    offset=self.offset)
+        named = rounds is not None
+        rounds = DEFAULT_ROUNDS if rounds is None else validate_count(rounds, "rounds",
+                                                                      minimum=1)
+        if rounds > 1 and self.round_mode is None:
+            raise SeraOptError(
+                f"policy {self.name!r} does not run in rounds (its round_mode is None): declare "
+                f"round_mode and implement round_objective(problem, **inputs) to use it in "
+                f"rounds, or plan in one round (start_rounds(..., rounds=1), or rounds=1 in the "
+                f"trainers, whose default is {DEFAULT_ROUNDS} rounds)."
+            )
+        if rounds > 1 and self.round_mode not in ROUND_MODES:
+            raise SeraOptError(
+                f"policy {self.name!r} declares round_mode={self.round_mode!r}; a round mode is "
+                f"one of {ROUND_MODES} (or None for a policy that does not run in rounds)."
+            )
+        problem = self.validate(success_probs, budget, min_rollouts=min_rollouts,
+                                max_rollouts=max_rollouts, **inputs)
+        # One round is the static allocation itself (validated the same way just now).
+        static = (self.allocate(success_probs, budget, min_rollouts=min_rollouts,
+                                max_rollouts=max_rollouts, **inputs).counts
+                  if rounds == 1 else None)
         m = problem.num_prompts
-        if first is None:
-            first = budget // (2 * m) if m else 0
+        if prior is None:
+            prior = inputs.get("posterior")
+        if prior is not None:
+            from ..separable import validate_beta_posterior
+
+            try:
+                alpha, beta = prior
+            except (TypeError, ValueError):
+                raise SeraOptError(
+                    "prior must be a pair (alpha, beta) of arrays, one entry per prompt."
+                ) from None
+            prior = validate_beta_posterior(alpha, beta, m)
+        if first_round is None:
+            first_round = problem.budget // (2 * m) if m else 0
         else:
-            first = validate_count(first, "first", minimum=1)
-        return RoundSession(self, problem.budget, rounds=rounds, first=first,
-                            round_split=round_budgets, lo=np.array(problem.min_rollouts),
-                            hi=np.array(problem.max_rollouts), truth=truth, prior=prior,
-                            inputs=inputs, static=static, prompt_ids=prompt_ids,
-                            on_finish=on_finish)
+            first_round = validate_count(first_round, "first_round", minimum=1)
+        others = {k: v for k, v in inputs.items() if k != "posterior"}
+        return RoundSession(self, problem.budget, rounds=rounds, first_round=first_round,
+                            later_budgets=later_budgets, lo=np.array(problem.min_rollouts),
+                            hi=np.array(problem.max_rollouts),
+                            truth=None if prior is not None else problem.success_probs,
+                            prior=prior, inputs=others, static_counts=static,
+                            prompt_ids=prompt_ids, observer=observer, rounds_named=named)
+
+    def bounds(self, num_prompts: int, budget: int, *, min_rollouts=None, max_rollouts=None):
+        """``(min_rollouts, max_rollouts)`` of a call over ``num_prompts`` prompts: the
+        call's own, else the policy's, and with neither a maximum the ``max_ratio`` cap
+        ``ceil(max_ratio * budget / M)`` (``None``: no cap). A scalar or an array each,
+        as given."""
+        m = validate_count(num_prompts, "num_prompts")
+        lo = self.min_rollouts if min_rollouts is None else min_rollouts
+        hi = self.max_rollouts if max_rollouts is None else max_rollouts
+        if hi is None and self.max_ratio is not None:
+            hi = self._ratio_cap(m, budget, lo)
+        return lo, hi
 
     def round_objective(self, problem: AllocationProblem, **inputs: Any):
         """The objective a round of :meth:`start_rounds` solves over the active prompts,
         on their updated estimates (``problem.success_probs``). Policies with an
-        :meth:`objective` use it; others must override this to run in rounds."""
+        :meth:`objective` use it; others must override this (and declare
+        :attr:`round_mode`) to run in rounds."""
         objective = getattr(self, "objective", None)
         if objective is None:
             raise SeraOptError(
@@ -403,6 +462,9 @@ class SeparablePolicy(AllocationPolicy):
             def objective(self, problem):
                 return MyObjective(problem.success_probs, offset=problem.offset)
     """
+
+    #: Its objective, solved over the active prompts' totals (see :attr:`round_mode`).
+    round_mode: ClassVar[str | None] = "totals"
 
     @abstractmethod
     def objective(self, problem: AllocationProblem, **inputs: Any):

@@ -80,6 +80,28 @@ class PosteriorPolicy(SeparablePolicy):
                 raise SeraOptError("pass success_probs, or posterior=(alpha, beta), or both.")
             return super().allocate(success_probs, budget, min_rollouts=min_rollouts,
                                     max_rollouts=max_rollouts)
+        success_probs, (alpha, beta) = self._checked_posterior(success_probs, posterior)
+        problem = self.problem(success_probs, budget, min_rollouts=min_rollouts,
+                               max_rollouts=max_rollouts)
+        return self._allocate(problem, posterior=(alpha, beta))
+
+    def validate(self, success_probs, budget, *, min_rollouts=None, max_rollouts=None,
+                 posterior=None, **inputs: Any) -> AllocationProblem:
+        """What :meth:`allocate` checks, without allocating (see
+        :meth:`AllocationPolicy.validate`): the posterior too, and that
+        ``success_probs`` are its means."""
+        self._check_inputs(inputs)
+        if posterior is None:
+            if success_probs is None:
+                raise SeraOptError("pass success_probs, or posterior=(alpha, beta), or both.")
+        else:
+            success_probs, _ = self._checked_posterior(success_probs, posterior)
+        return self.problem(success_probs, budget, min_rollouts=min_rollouts,
+                            max_rollouts=max_rollouts)
+
+    def _checked_posterior(self, success_probs, posterior):
+        """``(success_probs, (alpha, beta))``: the posterior checked (its own read-only
+        copies), and the probabilities its means (``None``: the means themselves)."""
         try:
             alpha, beta = posterior
         except (TypeError, ValueError):
@@ -92,25 +114,22 @@ class PosteriorPolicy(SeparablePolicy):
         alpha, beta = owned_read_only(alpha), owned_read_only(beta)
         means = alpha / (alpha + beta)
         if success_probs is None:
-            success_probs = means
-        else:
-            p = np.asarray(success_probs)
-            if p.shape != means.shape:
-                raise SeraOptError(
-                    f"success_probs has shape {p.shape} but the posterior has {means.shape[0]} "
-                    f"prompts."
-                )
-            p = np.asarray(p, dtype=np.float64)
-            if not np.all(np.abs(p - means) <= 1e-6):
-                i = int(np.flatnonzero(~(np.abs(p - means) <= 1e-6))[0])
-                raise SeraOptError(
-                    f"success_probs must be the posterior means alpha / (alpha + beta) when a "
-                    f"posterior is given; at index {i} they are {p[i]!r} and {means[i]!r}. Pass "
-                    f"success_probs=None to use the means."
-                )
-        problem = self.problem(success_probs, budget, min_rollouts=min_rollouts,
-                               max_rollouts=max_rollouts)
-        return self._allocate(problem, posterior=(alpha, beta))
+            return means, (alpha, beta)
+        p = np.asarray(success_probs)
+        if p.shape != means.shape:
+            raise SeraOptError(
+                f"success_probs has shape {p.shape} but the posterior has {means.shape[0]} "
+                f"prompts."
+            )
+        p = np.asarray(p, dtype=np.float64)
+        if not np.all(np.abs(p - means) <= 1e-6):
+            i = int(np.flatnonzero(~(np.abs(p - means) <= 1e-6))[0])
+            raise SeraOptError(
+                f"success_probs must be the posterior means alpha / (alpha + beta) when a "
+                f"posterior is given; at index {i} they are {p[i]!r} and {means[i]!r}. Pass "
+                f"success_probs=None to use the means."
+            )
+        return success_probs, (alpha, beta)
 
     def pseudo_posterior(self, success_probs) -> tuple[np.ndarray, np.ndarray] | None:
         """``(s p, s (1 - p))`` for the pseudo-count ``s``; ``None`` when ``s`` is inf."""
@@ -174,6 +193,9 @@ class SERABayesPolicy(PosteriorPolicy):
     preference = 3
     default_max_ratio = DEFAULT_MAX_RATIO
     offset_sensitive = True
+    # A round solves its objective over the prompts without a success, in the count of
+    # the round: its counts follow the expected scales (docs/theory.md section 9).
+    round_mode = "scale"
 
     def objective(self, problem: AllocationProblem, posterior=None):
         if posterior is None:

@@ -54,6 +54,9 @@ class SERAPolicy(AllocationPolicy):
     preference = 0
     default_max_ratio = DEFAULT_MAX_RATIO
     offset_sensitive = True
+    # A round solves its objective over the prompts without a success, in the count of
+    # the round: its counts follow the expected scales (docs/theory.md section 9).
+    round_mode = "scale"
 
     def __init__(self, solver="waterline", *, min_rollouts=None, max_rollouts=None,
                  offset: int = 0, max_ratio=DEFAULT_MAX_RATIO, **solver_options: Any):
@@ -175,6 +178,8 @@ class UniformPolicy(AllocationPolicy):
 
     name = "uniform"
     preference = 1
+    # A round raises the active prompts' lowest totals first.
+    round_mode = "totals"
 
     def round_objective(self, problem: AllocationProblem, **inputs: Any):
         """Even counts: a round raises the active prompts' lowest totals first."""

@@ -61,6 +61,9 @@ class SERAFairPolicy(SeparablePolicy):
     option_names = ("alpha",)
     default_max_ratio = DEFAULT_MAX_RATIO
     offset_sensitive = True
+    # A round solves its objective over the prompts without a success, in the count of
+    # the round: its counts follow the expected scales (docs/theory.md section 9).
+    round_mode = "scale"
 
     def __init__(self, alpha: float = 1.0, **bounds):
         super().__init__(**bounds)

@@ -31,7 +31,8 @@ from ..exceptions import SeraOptError
 from ..problem import validate_count, validate_success_probs
 from ..separable.tiers import even_increments
 from .scales import RuleScale, rule_scale
-from .session import RoundResult, _binary, _read_only, rollout_layout
+from .outcomes import binary_rewards, read_only, rollout_layout
+from .session import RoundResult
 
 __all__ = ["ReinforceAda", "ReinforceAdaSession", "reinforce_ada_scale", "EXITS"]
 
@@ -104,6 +105,7 @@ class ReinforceAdaSession:
         self._round_counts: list[np.ndarray] = []
         self._rewards: list[np.ndarray] = []
         self._active_fraction: list[float] = []
+        self._unsolved_fraction: list[float] = []
         self._pending: np.ndarray | None = None
 
     def active(self) -> np.ndarray:
@@ -120,6 +122,11 @@ class ReinforceAdaSession:
         if len(self._rewards) >= self.rule.max_rounds or not self.active().any():
             return True
         return self.budget is not None and self.spent >= self.budget
+
+    def __iter__(self):
+        """Each round's counts (as :meth:`next_round`) until the session is done."""
+        while not self.done:
+            yield self.next_round()
 
     def next_round(self) -> np.ndarray:
         if self.done:
@@ -140,7 +147,7 @@ class ReinforceAdaSession:
         if self._pending is None:
             raise SeraOptError("call next_round() first; record() takes that round's rewards.")
         counts = self._pending
-        r = _binary(rewards, int(counts.sum()))
+        r = binary_rewards(rewards, int(counts.sum()))
         owner = np.repeat(np.arange(self.num_prompts), counts)
         self._successes += np.bincount(owner, weights=r, minlength=self.num_prompts).astype(
             np.int64)
@@ -149,6 +156,7 @@ class ReinforceAdaSession:
         self._rewards.append(r)
         self._pending = None
         self._active_fraction.append(float(self.active().mean()))
+        self._unsolved_fraction.append(float((self._successes == 0).mean()))
         return self
 
     def result(self) -> RoundResult:
@@ -158,12 +166,13 @@ class ReinforceAdaSession:
         rc, index, rounds = rollout_layout(self._round_counts, self.num_prompts)
         rewards = np.concatenate(self._rewards) if self._rewards else np.zeros(0)
         return RoundResult(
-            counts=_read_only(self._total.copy()), prompt_index=_read_only(index),
-            round_index=_read_only(rounds), rewards=_read_only(rewards),
-            round_counts=_read_only(rc),
+            counts=read_only(self._total.copy()), prompt_index=read_only(index),
+            round_index=read_only(rounds), rewards=read_only(rewards),
+            round_counts=read_only(rc),
             round_budgets=tuple(int(c.sum()) for c in self._round_counts),
-            active_fraction=_read_only(np.array(self._active_fraction)),
-            factors=_read_only(np.full(self.num_prompts, np.nan)), offset=1)
+            unsolved_fraction=read_only(np.array(self._unsolved_fraction)),
+            active_fraction=read_only(np.array(self._active_fraction)),
+            factors=read_only(np.full(self.num_prompts, np.nan)), offset=1)
 
     def kept(self) -> np.ndarray:
         """Mask over the recorded rollouts (in :meth:`result` order) of the ``keep`` per

@@ -95,24 +95,25 @@ def rule_scale(p: float, rule: Rule, *, rounds: int, offset: int = 0,
         raise SeraOptError(f"unknown baseline {baseline!r}; use one of {BASELINES}.")
     # state (total, successes, first-round count, first-round successes) -> the number of
     # reward sequences that reach it; a state's probability is that times p^K (1-p)^(T-K).
-    # Keeping the powers apart makes p / (1 - p) E[C0] exact at p = 1 as well.
-    states: dict[tuple[int, int, int, int], float] = {(0, 0, 0, 0): 1.0}
+    # Keeping the powers apart makes p / (1 - p) E[C0] exact at p = 1 as well. The numbers
+    # are Python integers, exact at any count (comb(1030, 515) is beyond the float range).
+    states: dict[tuple[int, int, int, int], int] = {(0, 0, 0, 0): 1}
     for r in range(rounds):
-        nxt: dict[tuple[int, int, int, int], float] = {}
+        nxt: dict[tuple[int, int, int, int], int] = {}
         for (t, k, n0, k1), ways in states.items():
             m = rule(r, t, k, k1)
             if isinstance(m, bool) or not isinstance(m, int) or m < 0:
                 raise SeraOptError(f"the rule returned {m!r} rollouts; it must return an int >= 0.")
             for j in range(m + 1):
                 key = (t + m, k + j, m if r == 0 else n0, j if r == 0 else k1)
-                nxt[key] = nxt.get(key, 0.0) + ways * math.comb(m, j)
+                nxt[key] = nxt.get(key, 0) + ways * math.comb(m, j)
         states = nxt
     q = 1.0 - p
     c1 = c0 = cost = hit = 0.0
     for (t, k, n0, k1), ways in states.items():
-        prob = ways * p ** k * q ** (t - k)
+        prob = _weight(ways, p, k, q, t - k)
         # p / (1 - p) times the probability; only states with a failure carry C0.
-        tilted = ways * p ** (k + 1) * q ** (t - k - 1) if t > k else 0.0
+        tilted = _weight(ways, p, k + 1, q, t - k - 1) if t > k else 0.0
         cost += prob * t
         if k:
             hit += prob
@@ -133,6 +134,22 @@ def rule_scale(p: float, rule: Rule, *, rounds: int, offset: int = 0,
                 c0 -= tilted * (n0 - k1) / n0
     scale = c1 - c0  # E[C1] - p / (1 - p) E[C0]
     return RuleScale(scale=scale, rollouts=cost, success=hit)
+
+
+def _weight(ways: int, p: float, k: int, q: float, f: int) -> float:
+    """``ways * p^k * q^f``. With ``ways`` below 2**53 it is the plain float product (the
+    same float as always); beyond, where ``ways`` overflows a float and the powers
+    underflow, it is taken in logarithms."""
+    if ways < 1 << 53:
+        return ways * p ** k * q ** f
+    if (k and p == 0.0) or (f and q == 0.0):
+        return 0.0
+    log = math.log(ways)
+    if k:
+        log += k * math.log(p)
+    if f:
+        log += f * math.log(q)
+    return math.exp(log)
 
 
 def fixed_rule(*counts: int) -> Rule:

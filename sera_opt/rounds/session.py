@@ -8,10 +8,13 @@ or :meth:`sera_opt.RolloutPlanner.start_rounds` (the tracker's posteriors,
 updated round by round)::
 
     session = planner.start_rounds(prompt_ids, budget, rounds=3)
-    while not session.done:
-        counts = session.next_round()          # int64, one entry per prompt
+    for counts in session:                     # int64, one entry per prompt
         session.record(sample_and_score(counts))
     out = session.result()                     # counts, round_index, rewards, factors
+
+or, the same loop, ``out = run_rounds(session, sample_and_score)``. Only rounds
+that sample are run: a round the budget leaves empty is dropped when the session
+starts.
 
 What a round does (for both estimator offsets, with the first-round baseline of
 ``maxrl_advantages(..., round_index=...)`` under offset 1):
@@ -20,30 +23,35 @@ What a round does (for both estimator offsets, with the first-round baseline of
   lower its variance. A prompt without one is *active*: ``m`` more rollouts give
   it the expected scale ``E[1 - (1 - p)^m]`` under its updated posterior (or at
   its known ``p``).
-* Policies whose counts follow the scale (``offset_sensitive``: ``sera``,
-  ``sera-fair``, ``sera-bayes``) solve their own objective over the active
-  prompts in the count ``m`` of this round (``m = 0`` allowed), on the updated
-  estimates; the engine's exact solve does it. The other policies (uniform and the
-  peers) apply their own rule to the active prompts' totals: counts at least what
-  each has drawn, this round's budget on top.
+* Policies whose :attr:`~sera_opt.AllocationPolicy.round_mode` is ``"scale"``
+  (``sera``, ``sera-fair``, ``sera-bayes``) solve their own objective over the
+  active prompts in the count ``m`` of this round (``m = 0`` allowed), on the
+  updated estimates; the engine's exact solve does it. Those of round mode
+  ``"totals"`` (uniform and the peers) apply their own rule to the active
+  prompts' totals: counts at least what each has drawn, this round's budget on top.
 * Budget an active prompt cannot take (every one at its cap) goes to the prompts
   with capacity left, lowest totals first, so a round spends exactly its share.
 """
 
 from __future__ import annotations
 
+import sys
+import threading
 import time
+import uuid
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from .. import _jit
-from ..exceptions import SeraOptError
+from ..exceptions import SeraOptError, SeraOptWarning
 from ..problem import AllocationProblem, exact_sum, validate_count
 from ..separable.levels import expected_factors
-from ..separable.objective import KernelObjective, SeparableObjective, solve_validated
+from ..separable.objective import solve_validated
 from ..separable.tiers import even_increments
+from .outcomes import binary_rewards, read_only, rollout_layout
 
 #: The rounds a step is sampled in when none are named: the arm that won the rounds
 #: decision written down before its runs (docs/benchmarks.md, "Rounds within a step")
@@ -51,40 +59,63 @@ from ..separable.tiers import even_increments
 #: :data:`sera_opt.planner.DEFAULT_ROUND_POLICY` for the policy of its later rounds.
 DEFAULT_ROUNDS = 4
 
-__all__ = ["RoundSession", "RoundResult", "round_budgets", "DEFAULT_ROUNDS"]
+#: The ways a policy takes part in rounds (:attr:`sera_opt.AllocationPolicy.round_mode`):
+#: ``"scale"``, its objective solved over the active prompts in the count of the round;
+#: ``"totals"``, its rule applied to the active prompts' totals.
+ROUND_MODES = ("scale", "totals")
+
+__all__ = ["RoundSession", "RoundResult", "round_budgets", "run_rounds", "DEFAULT_ROUNDS",
+           "ROUND_MODES"]
 
 
-def round_budgets(budget: int, first_total: int, rounds: int, split=None) -> list[int]:
-    """The budget of each round: ``first_total`` for the first, the rest by ``split``.
+def round_budgets(budget: int, first_total: int, rounds: int, later_budgets=None) -> list[int]:
+    """The budget of each round that samples: ``first_total`` for the first, the rest by
+    ``later_budgets``.
 
-    ``split=None`` divides what is left evenly over the later rounds (the earlier
-    ones take the remainder); a sequence gives the later rounds' budgets itself
-    and must sum to what is left.
+    ``later_budgets=None`` divides what is left evenly over the ``rounds - 1`` later
+    rounds (the earlier ones take the remainder); a sequence gives the later rounds'
+    budgets itself and must have ``rounds - 1`` entries summing to what is left.
+    Rounds that would get no budget are left out (they would draw nothing): with
+    ``rounds`` beyond what the budget can fill, the list is shorter than ``rounds``.
+    Its length is at most ``1 + budget - first_total`` whatever ``rounds`` is.
+
+    Raises
+    ------
+    SeraOptError
+        ``rounds < 1``; a first round larger than the budget; ``later_budgets`` of
+        the wrong length or sum.
     """
+    budget = validate_count(budget, "budget")
+    first_total = validate_count(first_total, "first_total")
+    rounds = validate_count(rounds, "rounds", minimum=1)
     rest = budget - first_total
     if rest < 0:
         raise SeraOptError(
             f"the first round needs {first_total} rollouts but the budget is {budget}; lower "
-            f"first (or min_rollouts) or raise the budget."
+            f"first_round (or min_rollouts) or raise the budget."
         )
     if rounds == 1:
         return [budget]
-    if split is None:
+    if later_budgets is None:
+        # Built from the counts of each size, never one entry per requested round:
+        # rounds=10**9 costs what the rounds that sample cost.
         base, extra = divmod(rest, rounds - 1)
-        return [first_total] + [base + (1 if r < extra else 0) for r in range(rounds - 1)]
+        if base:
+            return [first_total] + [base + 1] * extra + [base] * (rounds - 1 - extra)
+        return [first_total] + [1] * extra
     try:
-        later = [validate_count(b, "round_budgets") for b in split]
+        later = [validate_count(b, "later_budgets") for b in later_budgets]
     except TypeError:
         raise SeraOptError(
-            f"round_budgets must be a sequence of {rounds - 1} whole numbers (the later "
-            f"rounds' budgets), got {split!r}."
+            f"later_budgets must be a sequence of {rounds - 1} whole numbers (the later "
+            f"rounds' budgets), got {later_budgets!r}."
         ) from None
     if len(later) != rounds - 1 or sum(later) != rest:
         raise SeraOptError(
-            f"round_budgets must give the {rounds - 1} later rounds' budgets and sum to the "
+            f"later_budgets must give the {rounds - 1} later rounds' budgets and sum to the "
             f"budget left after the first round ({rest}); got {later!r}."
         )
-    return [first_total, *later]
+    return [first_total, *(b for b in later if b)]
 
 
 @dataclass(frozen=True)
@@ -107,16 +138,24 @@ class RoundResult:
         The counts of each round.
     round_budgets : tuple of int
         The budget each round spent.
+    unsolved_fraction : ndarray of float64, shape (R,)
+        The fraction of prompts still without a success after each round.
     active_fraction : ndarray of float64, shape (R,)
-        The fraction of prompts still active (no success yet, below their cap)
-        after each round.
+        The fraction of prompts still *active* after each round: without a success
+        and below their cap (:meth:`RoundSession.active`), the prompts a later round
+        allocates by the policy's rule. It differs from ``unsolved_fraction`` by the
+        prompts without a success that reached their cap.
     factors : ndarray of float64, shape (M,)
         Each prompt's expected gradient scale ``kappa_i`` for the session's offset
-        (see :attr:`RoundSession.factors`).
+        (see :meth:`RoundSession.factors`).
+    offset : int
+        The estimator offset the factors are for.
     prompt_ids : ndarray or None
         The planner's ids of the prompts (planner sessions only).
     stopped_early : bool
-        Whether :meth:`RoundSession.stop` ended the session before its last round.
+        Whether :meth:`RoundSession.stop` ended the session before its budget was spent.
+    session_id : str or None
+        The id of the session that drew it (:attr:`RoundSession.session_id`).
     """
 
     counts: np.ndarray
@@ -125,11 +164,13 @@ class RoundResult:
     rewards: np.ndarray
     round_counts: np.ndarray
     round_budgets: tuple[int, ...]
+    unsolved_fraction: np.ndarray
     active_fraction: np.ndarray
     factors: np.ndarray
     offset: int
     prompt_ids: Any = None
     stopped_early: bool = False
+    session_id: str | None = None
     wall_time: float = field(default=0.0, compare=False)
 
     @property
@@ -142,51 +183,35 @@ class RoundResult:
         return int(self.rewards.shape[0])
 
 
-def rollout_layout(round_counts: list[np.ndarray], m: int):
-    """``(round_counts (R, M), prompt_index, round_index)`` of rollouts recorded round by
-    round, grouped by prompt within a round."""
-    if not round_counts:
-        empty = np.zeros(0, dtype=np.int64)
-        return np.zeros((0, m), dtype=np.int64), empty, empty.copy()
-    ids = np.arange(m, dtype=np.int64)
-    prompt_index = np.concatenate([np.repeat(ids, c) for c in round_counts])
-    round_index = np.repeat(np.arange(len(round_counts), dtype=np.int64),
-                            [int(c.sum()) for c in round_counts])
-    return np.stack(round_counts), prompt_index, round_index
+def run_rounds(session, sample: Callable[[np.ndarray], Any]) -> RoundResult:
+    """Draw every round of ``session``: the one driver loop of the library.
 
-
-def _read_only(a: np.ndarray) -> np.ndarray:
-    a.setflags(write=False)
-    return a
-
-
-def _binary(rewards, n: int) -> np.ndarray:
-    """The round's rewards as float64 0/1, or a clear error."""
-    if hasattr(rewards, "detach"):  # a torch tensor, on any device
-        rewards = rewards.detach().cpu().numpy()
-    if isinstance(rewards, np.ma.MaskedArray):
-        raise SeraOptError("rewards must not be a masked array; drop the masked rollouts.")
-    try:
-        r = np.asarray(rewards)
-    except (TypeError, ValueError):
+    ``sample(counts)`` receives a round's counts (int64, one per prompt; every round
+    it sees samples at least one rollout) and returns that round's rewards: one per
+    rollout, grouped by prompt in order (``sum(counts)`` in all), binary; a sequence,
+    numpy array or torch tensor of any dtype and device. Returns ``session.result()``.
+    Works for :class:`RoundSession` and :class:`~sera_opt.rounds.ReinforceAdaSession`
+    alike; a session already part-way through (restored from a checkpoint) continues
+    where it stopped.
+    """
+    if not callable(sample):
         raise SeraOptError(
-            "rewards must be a flat sequence of 0/1 outcomes, one per rollout of this round."
-        ) from None
-    if r.ndim != 1 or r.shape[0] != n:
-        raise SeraOptError(
-            f"record() takes this round's rewards, one per rollout grouped by prompt in "
-            f"order ({n} in all), got shape {r.shape}."
+            f"sample must be a function sample(counts) -> rewards, got {type(sample).__name__}."
         )
-    if r.dtype != np.bool_ and not np.issubdtype(r.dtype, np.number):
-        raise SeraOptError(f"rewards must be numbers 0/1 or booleans, got dtype {r.dtype}.")
-    r = r.astype(np.float64)
-    if not np.all((r == 0.0) | (r == 1.0)):
-        bad = int(np.flatnonzero(~((r == 0.0) | (r == 1.0)))[0])
-        raise SeraOptError(
-            f"rewards must be binary (0/1); got {r[bad]!r} at position {bad}. Threshold graded "
-            f"rewards yourself (rewards >= t) before recording them."
-        )
-    return r
+    for counts in session:
+        session.record(sample(counts))
+    return session.result()
+
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` that points a warning raised by the caller of this function at
+    the first frame outside sera_opt (the session is built through one or two layers)."""
+    frame = sys._getframe(1)
+    level = 1
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("sera_opt"):
+        frame = frame.f_back
+        level += 1
+    return level
 
 
 class RoundSession:
@@ -194,39 +219,67 @@ class RoundSession:
     :meth:`sera_opt.AllocationPolicy.start_rounds` or
     :meth:`sera_opt.RolloutPlanner.start_rounds` to build one.
 
-    A session belongs to one loop: it is not meant to be shared between threads.
+    Iterating a session yields each round's counts until its budget is spent; record
+    each round's rewards before taking the next (:func:`run_rounds` is that loop).
+
+    A session is a value: it holds arrays, its policy and its id, and can be pickled
+    and copied (``copy.deepcopy``) to checkpoint a step part-way. A copy is *detached*:
+    it does not report to the planner that started the original. The outcomes of a
+    planner's session reach its tracker once per :attr:`session_id`: the original
+    reports them when it ends, and a copy (or a session restored from a pickle) is
+    delivered with :meth:`sera_opt.RolloutPlanner.observe_rounds`; the planner refuses
+    a second delivery of the same id.
+
+    Thread safety: the calls that change a session (:meth:`next_round`, :meth:`record`,
+    :meth:`stop`) hold its lock, so threads sharing one session see each call whole; a
+    call out of turn (a second ``next_round`` before the ``record``) is refused as in
+    one thread.
     """
 
-    def __init__(self, policy, budget: int, *, rounds: int, first, round_split, lo: np.ndarray,
-                 hi: np.ndarray, truth: np.ndarray | None, prior, inputs: dict[str, Any],
-                 static, prompt_ids=None, on_finish=None):
+    def __init__(self, policy, budget: int, *, rounds: int, first_round: int,
+                 later_budgets=None, lo: np.ndarray, hi: np.ndarray,
+                 truth: np.ndarray | None, prior, inputs: dict[str, Any],
+                 static_counts: np.ndarray | None = None, prompt_ids=None, observer=None,
+                 rounds_named: bool = True):
         self.policy = policy
         self.offset = int(policy.offset)
-        self.rounds = rounds
         self.budget = budget
+        self.session_id = uuid.uuid4().hex
         self._lo, self._hi = lo, hi
         self._truth = truth
         self._prior = prior
         self._inputs = inputs
-        self._static = static
         self._prompt_ids = prompt_ids
-        self._on_finish = on_finish
+        self._observer = observer
+        self._lock = threading.Lock()
         m = lo.shape[0]
         self.num_prompts = m
         if rounds == 1:
-            self._first = None
+            self._first = np.array(static_counts, dtype=np.int64)
             self._budgets = [budget]
         else:
-            first_counts = np.maximum(lo, first)
+            first_counts = np.maximum(lo, first_round)
             over = first_counts > hi
             if over.any():
                 i = int(np.flatnonzero(over)[0])
                 raise SeraOptError(
                     f"the first round gives prompt {i} {int(first_counts[i])} rollouts, above "
-                    f"its max_rollouts={int(hi[i])}; lower first or raise max_rollouts."
+                    f"its max_rollouts={int(hi[i])}; lower first_round or raise max_rollouts."
                 )
             self._first = first_counts
-            self._budgets = round_budgets(budget, exact_sum(first_counts), rounds, round_split)
+            self._budgets = round_budgets(budget, exact_sum(first_counts), rounds, later_budgets)
+            if len(self._budgets) < rounds and rounds_named:
+                warnings.warn(
+                    f"rounds={rounds} asks for more rounds than the budget can fill: after the "
+                    f"first round's {self._budgets[0]} rollouts, {budget - self._budgets[0]} are "
+                    f"left for {rounds - 1} later rounds, so {rounds - len(self._budgets)} of "
+                    f"them would draw nothing. The session runs only the rounds that sample "
+                    f"({len(self._budgets)}); ask for at most {len(self._budgets)} (or raise the "
+                    f"budget) to silence this.", SeraOptWarning, stacklevel=_user_stacklevel())
+        #: The number of rounds the session runs: those that sample (a round the budget
+        #: leaves empty is dropped when the session starts).
+        self.rounds = len(self._budgets)
+        self._spent = 0
         self._total = np.zeros(m, dtype=np.int64)
         self._successes = np.zeros(m, dtype=np.int64)
         self._first_successes = np.zeros(m, dtype=np.int64)
@@ -234,6 +287,7 @@ class RoundSession:
         self._round_wins: list[np.ndarray] = []
         self._rewards: list[np.ndarray] = []
         self._replay: list[tuple | None] = []  # per later round, what the factors replay needs
+        self._unsolved_fraction: list[float] = []
         self._active_fraction: list[float] = []
         self._pending: np.ndarray | None = None
         # The active mask changes only when a round is recorded: kept from there, so that
@@ -243,6 +297,19 @@ class RoundSession:
         self._result: RoundResult | None = None
         self._wall = 0.0
 
+    # ------------------------------------------------------------ a value
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy carries the step, not the link to the planner that started the
+        # original (it would report the same outcomes twice), nor the lock.
+        state = self.__dict__.copy()
+        del state["_lock"]
+        state["_observer"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     # ------------------------------------------------------------ state
     @property
     def round(self) -> int:
@@ -251,12 +318,17 @@ class RoundSession:
 
     @property
     def done(self) -> bool:
-        """Whether every round is recorded (or :meth:`stop` was called)."""
-        return self._stopped or len(self._rewards) == self.rounds
+        """Whether the budget is spent (every round recorded), or :meth:`stop` was called."""
+        return self._stopped or self._spent == self.budget
+
+    @property
+    def spent(self) -> int:
+        """The rollouts recorded so far."""
+        return self._spent
 
     @property
     def round_budgets(self) -> tuple[int, ...]:
-        """The budget of each round (the first is the first round's total)."""
+        """The budget of each round that samples (the first is the first round's total)."""
         return tuple(self._budgets)
 
     @property
@@ -269,104 +341,138 @@ class RoundSession:
         """The successes each prompt has had so far (a copy)."""
         return self._successes.copy()
 
+    @property
+    def prompt_index(self) -> np.ndarray:
+        """The prompt (0..M-1) of each recorded rollout, in order (as in the result)."""
+        return rollout_layout(self._round_counts, self.num_prompts)[1]
+
+    @property
+    def prompt_ids(self):
+        """The planner's ids of the prompts (planner sessions only; else None)."""
+        return self._prompt_ids
+
     def active(self) -> np.ndarray:
         """Mask of the prompts whose scale still depends on more rollouts: no success
         yet, and below their cap."""
         return self._active.copy()
 
     # ------------------------------------------------------------ rounds
+    def __iter__(self):
+        """Each round's counts (as :meth:`next_round`) until the session is done."""
+        while not self.done:
+            yield self.next_round()
+
     def next_round(self) -> np.ndarray:
         """The counts of the next round (int64, one per prompt; 0 for a prompt that
-        gets nothing). Record the round's rewards with :meth:`record` before asking
-        for the next one."""
-        if self.done:
-            raise SeraOptError("the session is done; call result() (or start a new session).")
-        if self._pending is not None:
-            raise SeraOptError("record() this round's rewards before asking for the next round.")
-        start = time.perf_counter()
-        r = len(self._rewards)
-        if r == 0 and self.rounds == 1:
-            counts = np.array(self._static().counts, dtype=np.int64)
-            self._replay.append(None)
-        elif r == 0:
-            counts = self._first.copy()
-            self._replay.append(None)
-        else:
-            counts = self._allocate_round(self._budgets[r])
-        self._pending = counts
-        self._wall += time.perf_counter() - start
-        return counts.copy()
+        gets nothing; at least one rollout in all). Record the round's rewards with
+        :meth:`record` before asking for the next one."""
+        with self._lock:
+            if self.done:
+                raise SeraOptError(
+                    "the session is done; call result() (or start a new session)."
+                )
+            if self._pending is not None:
+                raise SeraOptError(
+                    "record() this round's rewards before asking for the next round."
+                )
+            start = time.perf_counter()
+            r = len(self._rewards)
+            if r == 0:
+                counts = self._first.copy()
+                self._replay.append(None)
+            else:
+                counts = self._allocate_round(self._budgets[r])
+            self._pending = counts
+            self._wall += time.perf_counter() - start
+            return counts.copy()
 
     def record(self, rewards) -> RoundSession:
         """Take the rewards of the round that :meth:`next_round` gave: one per rollout,
-        grouped by prompt in order (``sum(counts)`` in all), binary."""
-        if self._pending is None:
-            raise SeraOptError("call next_round() first; record() takes that round's rewards.")
-        counts = self._pending
-        r = _binary(rewards, exact_sum(counts))
-        owner = np.repeat(np.arange(self.num_prompts), counts)
-        wins = np.bincount(owner, weights=r, minlength=self.num_prompts).astype(np.int64)
-        if not self._rewards:
-            self._first_successes = wins.copy()
-        self._total += counts
-        self._successes += wins
-        self._round_counts.append(counts)
-        self._round_wins.append(wins)
-        self._rewards.append(r)
-        self._pending = None
-        self._active = (self._successes == 0) & (self._total < self._hi)
-        self._active_fraction.append(float(self._active.mean()) if self.num_prompts else 0.0)
-        if self.done:
-            self._finish()
+        grouped by prompt in order (``sum(counts)`` in all: ``counts[0]`` rewards of
+        prompt 0, then ``counts[1]`` of prompt 1, ...), binary (a sequence, numpy array
+        or torch tensor, any dtype, bfloat16 and float16 included)."""
+        with self._lock:
+            if self._pending is None:
+                raise SeraOptError(
+                    "call next_round() first; record() takes that round's rewards."
+                )
+            counts = self._pending
+            r = binary_rewards(rewards, exact_sum(counts))
+            owner = np.repeat(np.arange(self.num_prompts), counts)
+            wins = np.bincount(owner, weights=r, minlength=self.num_prompts).astype(np.int64)
+            if not self._rewards:
+                self._first_successes = wins.copy()
+            self._total += counts
+            self._successes += wins
+            self._spent += r.shape[0]
+            self._round_counts.append(counts)
+            self._round_wins.append(wins)
+            self._rewards.append(r)
+            self._pending = None
+            unsolved = self._successes == 0
+            self._active = unsolved & (self._total < self._hi)
+            m = self.num_prompts
+            self._unsolved_fraction.append(float(unsolved.mean()) if m else 0.0)
+            self._active_fraction.append(float(self._active.mean()) if m else 0.0)
+            finished = self.done
+        if finished:
+            self._report()
         return self
 
     def stop(self) -> RoundSession:
-        """End the session before its last round: the budget not yet spent is not
+        """End the session before its budget is spent: the budget not yet spent is not
         drawn (the realized counts then sum to less than the budget). A round handed
         out by :meth:`next_round` and not recorded is dropped."""
-        if self.done:
-            return self
-        self._pending = None
-        self._stopped = True
-        self._finish()
+        with self._lock:
+            if self.done:
+                return self
+            self._pending = None
+            self._stopped = True
+        self._report()
         return self
 
-    def _finish(self) -> None:
-        if self._on_finish is not None and self._rewards:
-            owner = self.prompt_index()
-            self._on_finish(owner, np.concatenate(self._rewards))
-
-    def prompt_index(self) -> np.ndarray:
-        """The prompt (0..M-1) of each recorded rollout, in order."""
-        return rollout_layout(self._round_counts, self.num_prompts)[1]
+    def _report(self) -> None:
+        """Hand the ended session to its observer (the planner that started it), once."""
+        observer, self._observer = self._observer, None
+        if observer is not None:
+            observer.observe_rounds(self)
 
     def result(self) -> RoundResult:
         """The realized counts, the rollouts' prompts and rounds, the rewards and the
         expected scales; only once the session is :attr:`done`."""
         if not self.done:
             raise SeraOptError(
-                f"the session has {self.rounds - len(self._rewards)} round(s) left; record "
-                f"them, or call stop() to end it early."
+                f"the session has {self.budget - self._spent} of its {self.budget} rollouts "
+                f"left ({self.rounds - len(self._rewards)} round(s)); record them, or call "
+                f"stop() to end it early."
             )
         if self._result is None:
             rc, prompt_index, rounds = rollout_layout(self._round_counts, self.num_prompts)
             rewards = (np.concatenate(self._rewards) if self._rewards
                        else np.zeros(0, dtype=np.float64))
             self._result = RoundResult(
-                counts=_read_only(self._total.copy()),
-                prompt_index=_read_only(prompt_index),
-                round_index=_read_only(rounds),
-                rewards=_read_only(rewards),
-                round_counts=_read_only(rc),
+                counts=read_only(self._total.copy()),
+                prompt_index=read_only(prompt_index),
+                round_index=read_only(rounds),
+                rewards=read_only(rewards),
+                round_counts=read_only(rc),
                 round_budgets=tuple(self._budgets[:len(self._round_counts)]),
-                active_fraction=_read_only(np.array(self._active_fraction)),
-                factors=_read_only(self.factors()),
+                unsolved_fraction=read_only(np.array(self._unsolved_fraction)),
+                active_fraction=read_only(np.array(self._active_fraction)),
+                factors=read_only(self.factors()),
                 offset=self.offset,
                 prompt_ids=self._prompt_ids,
-                stopped_early=self._stopped and len(self._rewards) < self.rounds,
+                stopped_early=self._stopped and self._spent < self.budget,
+                session_id=self.session_id,
                 wall_time=self._wall,
             )
         return self._result
+
+    def __repr__(self) -> str:
+        state = "done" if self.done else f"round {self.round + 1} of {self.rounds}"
+        return (f"RoundSession(policy={self.policy.name!r}, prompts={self.num_prompts}, "
+                f"budget={self.budget}, rounds={self.rounds}, {state}, "
+                f"session_id={self.session_id!r})")
 
     # ------------------------------------------------------------ one round
     def _estimates(self, rows: np.ndarray, total: np.ndarray) -> np.ndarray:
@@ -385,7 +491,7 @@ class RoundSession:
         # nothing else holds it, so the problem may keep it without a second copy.
         p = np.asarray(self._estimates(rows, total), dtype=np.float64)
         p.setflags(write=False)
-        shifted = bool(policy.offset_sensitive)
+        shifted = policy.round_mode == "scale"
         lo = np.full(rows.shape[0], self.offset, dtype=np.int64) if shifted else total.copy()
         k = rows.shape[0]
         base = 1 + self.offset
@@ -455,7 +561,7 @@ class RoundSession:
         m = self.num_prompts
         if not rc:
             return np.zeros(m)
-        fail_total = rc[0].copy() if self.rounds == 1 else self._fail_path_total()
+        fail_total = rc[0].copy() if len(self._budgets) == 1 else self._fail_path_total()
         first = rc[0]
         offset = self.offset
         if self._truth is not None:
@@ -510,7 +616,7 @@ class RoundSession:
             found = np.zeros(0)
             for j in range(1, int(taken.max()) + 1 if taken.size else 1):
                 rows = np.flatnonzero(taken >= j)
-                gains = row_gains(objective, rows, np.maximum(lo + taken - j, lo))
+                gains = objective.row_gains(rows, np.maximum(lo + taken - j, lo))
                 found = np.sort(np.concatenate([found, gains]))[:need - spill]
                 if found.size == need - spill and gains.min() >= found[-1]:
                     break
@@ -519,7 +625,7 @@ class RoundSession:
         ghost_obj, ghost_lo = self._round_objective(ghosts, total)
         out = np.zeros(ghosts.shape[0], dtype=np.int64)
         steps = min(int(room.max()) if room.size else 0, weakest.shape[0])
-        if not _by_rows(ghost_obj):
+        if not ghost_obj.gains_by_row:
             # Gains that cost less than gathering the rows: every ghost at every step.
             alive = room > 0
             for k in range(steps):
@@ -534,30 +640,8 @@ class RoundSession:
         for k in range(steps):
             if not alive.size:
                 break
-            gain = row_gains(ghost_obj, alive, ghost_lo + k)
+            gain = ghost_obj.row_gains(alive, ghost_lo + k)
             alive = alive[(gain > weakest[k]) & (room[alive] > k)]
             out[alive] += 1
         return out
 
-
-def _by_rows(objective) -> bool:
-    """Whether ``objective``'s gains come from its kernel, row by row (a built-in
-    objective that keeps the engine's ``gains``)."""
-    return (isinstance(objective, KernelObjective) and objective._kind is not None
-            and type(objective).gains is SeparableObjective.gains)
-
-
-def row_gains(objective, rows: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """``objective.gains(counts)[rows]``: ``counts`` has one entry per row of the
-    objective, ``rows`` are ascending indices.
-
-    Built-in objectives evaluate the rows asked for only, by their kernel on those rows'
-    parameters (a term depends on its own row alone, so each gain is the same float):
-    a replay asks for few of them, and their gains are the costly part. Others are
-    evaluated on every row, where a gain is cheap.
-    """
-    if _by_rows(objective):
-        p0, p1, p2 = objective._params()
-        return _jit.kernels("sera_opt.kernels.gains").gains_at(
-            objective._kind, p0[rows], p1[rows], p2[rows], objective.offset, counts[rows])
-    return objective.gains(counts)[rows]

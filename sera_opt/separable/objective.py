@@ -89,6 +89,28 @@ class SeparableObjective:
         count, which the limit order of :mod:`~sera_opt.separable.tiers` ranks. None: none."""
         return None
 
+    @property
+    def gains_by_row(self) -> bool:
+        """Whether :meth:`row_gains` evaluates only the rows asked for (a built-in
+        objective that keeps the engine's :meth:`gains`, through its kernel); otherwise
+        it evaluates every row and picks those asked for."""
+        return self._kind is not None and type(self).gains is SeparableObjective.gains
+
+    def row_gains(self, rows: np.ndarray, counts) -> np.ndarray:
+        """``gains(counts)[rows]``: ``counts`` has one entry per prompt, ``rows`` are
+        ascending indices.
+
+        A term depends on its own row alone, so a built-in objective evaluates the
+        rows asked for only, by its kernel on those rows' parameters (each gain is the
+        same float as in :meth:`gains`); the others evaluate every row.
+        """
+        if self.gains_by_row:
+            p0, p1, p2 = self._params()
+            n = np.asarray(counts, dtype=np.int64)
+            return _jit.kernels("sera_opt.kernels.gains").gains_at(
+                self._kind, p0[rows], p1[rows], p2[rows], self.offset, n[rows])
+        return self.gains(counts)[rows]
+
     def value(self, counts) -> float:
         """The objective: ``min`` of the levels, or the ``sum`` of the terms."""
         t = self.terms(counts)
