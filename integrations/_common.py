@@ -167,6 +167,7 @@ def binary_outcomes(rewards: Any, success_threshold: float | None = None) -> np.
     Parameters
     ----------
     rewards : array-like or torch.Tensor, shape (N,)
+        Any real dtype, bfloat16 and float16 included.
     success_threshold : float, optional
 
     Raises
@@ -177,7 +178,11 @@ def binary_outcomes(rewards: Any, success_threshold: float | None = None) -> np.
     """
     threshold = check_success_threshold(success_threshold)
     if isinstance(rewards, torch.Tensor):
-        rewards = rewards.detach().cpu().numpy()
+        rewards = rewards.detach().cpu()
+        if rewards.is_floating_point() and rewards.element_size() < 4:
+            # numpy has no bfloat16; float32 holds every bfloat16 and float16 value exactly.
+            rewards = rewards.float()
+        rewards = rewards.numpy()
     values = np.asarray(rewards)
     if values.ndim != 1:
         raise SeraOptError(

@@ -16,7 +16,8 @@ def one_d(values: Any, name: str, *, prefix: str = "", per: str = "") -> np.ndar
     """``np.asarray(values)``, refused with :class:`SeraOptError` unless it is 1-D.
 
     ``prefix`` opens both messages (what was being read, e.g. a checkpoint); ``per``
-    says what one entry stands for (``" (one per rollout)"``). A numpy masked array is
+    says what one entry stands for (``" (one per rollout)"``). A torch bfloat16 tensor
+    is read as float32 (exactly; numpy has no bfloat16). A numpy masked array is
     refused: converting it drops the mask and reads whatever the masked entries hold."""
     if isinstance(values, np.ma.MaskedArray):
         raise SeraOptError(
@@ -24,6 +25,9 @@ def one_d(values: Any, name: str, *, prefix: str = "", per: str = "") -> np.ndar
             f"unmasking would use whatever the masked entries hold. Pass {name}.compressed() "
             f"to drop the masked entries (and the same entries of the other inputs), or "
             f"{name}.filled(value) to give them a value.")
+    if str(getattr(values, "dtype", "")) == "torch.bfloat16" and hasattr(values, "float"):
+        # numpy has no bfloat16; float32 holds every bfloat16 value exactly.
+        values = values.detach().float()
     try:
         arr = np.asarray(values)
     except Exception as exc:  # ragged lists and the like

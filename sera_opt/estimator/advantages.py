@@ -481,7 +481,9 @@ def aggregate_loss(per_token_loss, mask=None, mode: str = "token-mean", *,
     Returns
     -------
     torch.Tensor, shape ()
-        Zero (with gradient) when no token is unmasked.
+        In the dtype of ``per_token_loss``; a bfloat16 or float16 loss is reduced in
+        float32 and rounded once (a float16 sum of 8,192 token losses of 8 would
+        already overflow). Zero (with gradient) when no token is unmasked.
 
     Raises
     ------
@@ -536,6 +538,10 @@ def policy_gradient_loss(token_logprobs, advantages, mask=None, mode: str = "tok
     Returns
     -------
     torch.Tensor, shape ()
+        In the dtype of ``token_logprobs``. With bfloat16 or float16 log-probabilities
+        the per-token loss (the PPO ratio included) and its reduction are computed in
+        float32, with the advantages as given (not rounded to 16 bits first), and the
+        result is rounded once; the gradient reaches ``token_logprobs`` in their dtype.
 
     Raises
     ------

@@ -10,6 +10,12 @@ sees every rank's counts) and are read back once. A rank whose own inputs are
 at fault says what is wrong; the others say where to look. With
 ``validate=False`` nothing is counted and nothing is read back.
 
+Half precision: a bfloat16 or float16 loss (or log-probabilities) is computed
+and reduced in float32 and returned in its own dtype, rounded once. A float16 sum
+of a batch's token losses overflows at 65,504 (8,192 tokens of loss 8) even when
+their mean is small, and a bfloat16 PPO ratio ``exp(logprob - old)`` is
+resolved only to 2**-8, coarser than the clip range's edges are meant.
+
 Masked tokens are ignored by selection (``torch.where``), not by multiplying
 with 0, so a NaN or inf in a padding position (a common sight: padded
 log-probabilities) reaches neither the loss nor its gradient, and the checks
@@ -42,6 +48,11 @@ def _check_tokens(tensor, name: str, hint: str) -> torch.Tensor:
             f"{tuple(tensor.shape)} and dtype {tensor.dtype}; {hint}"
         )
     return tensor
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the loss is computed in: float32 for 16-bit floats, else ``dtype``."""
+    return torch.float32 if dtype.itemsize < 4 else dtype
 
 
 def check_mode(mode) -> str:
@@ -158,6 +169,8 @@ def reduce_loss(per_token_loss, mask, keep, mode, process_group, checks) -> torc
     # would already be inexact beyond 256 tokens.
     count_dtype = torch.float32 if per_token_loss.device.type == "mps" else torch.float64
     device = per_token_loss.device
+    result_dtype = per_token_loss.dtype
+    per_token_loss = per_token_loss.to(compute_dtype(result_dtype))
     if mask is None:
         masked = per_token_loss
         lengths = torch.full(per_token_loss.shape[:1], per_token_loss.shape[1],
@@ -199,10 +212,10 @@ def reduce_loss(per_token_loss, mask, keep, mode, process_group, checks) -> torc
     if dist is not None:
         numerator = numerator * world
     if denominator is None:
-        return numerator
+        return numerator.to(result_dtype)
     # Nothing unmasked anywhere: the numerator is 0 and so is the loss.
     loss = numerator / torch.where(denominator > 0, denominator, 1)[0]
-    return loss.to(per_token_loss.dtype)
+    return loss.to(result_dtype)
 
 
 def aggregate_loss(per_token_loss, mask, mode, process_group, validate):
@@ -279,7 +292,9 @@ def policy_gradient_loss(token_logprobs, advantages, mask, mode, old_token_logpr
     elif clip_range is not None:
         warnings.warn("clip_range is ignored without old_token_logprobs (no PPO ratio).",
                       SeraOptWarning, stacklevel=3)
-    advantages = advantages.detach().to(token_logprobs.dtype)
+    result_dtype = token_logprobs.dtype
+    compute = compute_dtype(result_dtype)
+    advantages = advantages.detach().to(compute)
     checks = None
     if validate:
         checks = ValueChecks()
@@ -288,7 +303,7 @@ def policy_gradient_loss(token_logprobs, advantages, mask, mode, old_token_logpr
             checks, advantages, "advantages", None,
             "maxrl_advantages never returns them: check how the advantages were computed, "
             "or whether they overflowed on conversion.",
-            context=f" (as {token_logprobs.dtype}, the dtype of token_logprobs)",
+            context=f" (as {compute}, the dtype the loss is computed in)",
         )
         add_finite_check(
             checks, token_logprobs.detach(), "token_logprobs", keep,
@@ -303,9 +318,9 @@ def policy_gradient_loss(token_logprobs, advantages, mask, mode, old_token_logpr
             )
     column = advantages[:, None]
     if old_token_logprobs is None:
-        per_token_loss = -column * token_logprobs
+        per_token_loss = -column * token_logprobs.to(compute)
     else:
-        log_ratio = token_logprobs - old_token_logprobs.detach()
+        log_ratio = token_logprobs.to(compute) - old_token_logprobs.detach().to(compute)
         if keep is not None:
             # Padding may hold -inf in both: exp(-inf - -inf) is NaN, and exp's
             # backward (upstream * result) would carry that NaN into the gradient.
@@ -322,4 +337,4 @@ def policy_gradient_loss(token_logprobs, advantages, mask, mode, old_token_logpr
             "exp(logprob - old_logprob) beyond the dtype's range; check that the two "
             "log-probabilities belong to the same tokens.",
         )
-    return reduce_loss(per_token_loss, mask, keep, mode, process_group, checks)
+    return reduce_loss(per_token_loss, mask, keep, mode, process_group, checks).to(result_dtype)
