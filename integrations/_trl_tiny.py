@@ -31,12 +31,14 @@ DIGITS = "0123456789"
 _SPECIAL_TOKENS = ("<pad>", "<eos>")
 
 
-def build_tokenizer():
-    """Character-level ``PreTrainedTokenizerFast`` over digits and ``":"``.
+def build_tokenizer(characters: str = DIGITS + ":"):
+    """Character-level ``PreTrainedTokenizerFast`` over ``characters`` (digits and ``":"``).
 
     Padding is on the left (as ``GRPOTrainer`` requires); ``<pad>`` is id 0 and
-    ``<eos>`` id 1; every other character is its own token.
+    ``<eos>`` id 1; every character of ``characters`` is its own token, in order.
     """
+    if len(set(characters)) != len(characters) or not characters:
+        raise ValueError(f"characters must be distinct and non-empty, got {characters!r}")
     try:
         from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
         from transformers import PreTrainedTokenizerFast
@@ -44,7 +46,7 @@ def build_tokenizer():
         raise MissingDependencyError(
             "the tiny model needs transformers and tokenizers: pip install 'sera_opt[trl]'"
         ) from error
-    vocab = {token: index for index, token in enumerate((*_SPECIAL_TOKENS, *DIGITS, ":"))}
+    vocab = {token: index for index, token in enumerate((*_SPECIAL_TOKENS, *characters))}
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
     # One token per character; Fuse joins them back without spaces when decoding.
     backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
@@ -55,7 +57,13 @@ def build_tokenizer():
 
 
 def build_tiny_model(
-    tokenizer, *, seed: int = 0, n_embd: int = 32, n_layer: int = 2, n_head: int = 2
+    tokenizer,
+    *,
+    seed: int = 0,
+    n_embd: int = 32,
+    n_layer: int = 2,
+    n_head: int = 2,
+    dropout: float = 0.1,
 ):
     """A randomly initialised GPT-2 with ``n_layer`` layers sized for ``tokenizer``.
 
@@ -65,6 +73,9 @@ def build_tiny_model(
         From :func:`build_tokenizer`.
     seed : int
         Seed of the weight initialisation.
+    dropout : float
+        GPT-2's dropout of the embeddings, residuals and attention (its default
+        0.1); 0 makes sampling in training mode the same as in evaluation mode.
     """
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -78,6 +89,9 @@ def build_tiny_model(
         bos_token_id=tokenizer.eos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
+        embd_pdrop=dropout,
+        resid_pdrop=dropout,
+        attn_pdrop=dropout,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

@@ -219,7 +219,7 @@ class RolloutPlanner(LockedState):
                 f"prompt of its own, with the same estimate, and gets its own count, so the "
                 f"prompt receives the sum of its rows' counts (at least min_rollouts per row). "
                 f"Pass each prompt once to plan it once.", SeraOptWarning, stacklevel=3)
-        policy._check_inputs(allocate_options)
+        # The options themselves are the policy's to check (allocate and start_rounds do).
         return policy, (tracker, prior, static), success_probs, allocate_options
 
     def start_rounds(self, prompt_ids, budget, *, rounds=None, first_round=None,

@@ -1,0 +1,103 @@
+"""The trl-coverage experiment: it runs end to end through TRL, counts the generation calls
+of each arm, evaluates on its CPU-time grid without counting the evaluations, and pairs
+the arms with both baselines. Its results are read in docs/benchmarks.md, never here."""
+
+import json
+
+import numpy as np
+import pytest
+
+from tests.markers import requires_trl
+
+
+@requires_trl
+@pytest.mark.trl
+def test_the_quick_preset_runs_every_arm_and_records_its_costs(tmp_path):
+    from sera_opt.benchmarks import trl_coverage
+
+    assert trl_coverage.main(["--quick", "--out", str(tmp_path), "--no-progress"]) == 0
+    payload = json.loads((tmp_path / "trl_coverage.json").read_text())
+    assert (tmp_path / "trl_coverage.png").stat().st_size > 0
+    assert (tmp_path / "trl_coverage_paired.png").stat().st_size > 0
+    config = payload["config"]
+    runs = {run["arm"]: run for run in payload["runs"]}
+    assert list(runs) == list(trl_coverage.ARMS)
+    # One backend call per round: stock GRPOTrainer and the static plans one, rounds=2 two,
+    # the shipped default at most its four (a round the budget cannot fill is not drawn).
+    calls = {arm: run["steps"]["generation_calls"] for arm, run in runs.items()}
+    assert calls["trl"] == calls["sera:rounds=1"] == calls["sera:policy=uniform:rounds=1"] == [1] * 3
+    assert calls["sera:rounds=2"] == [2] * 3
+    assert all(2 <= n <= 4 for n in calls["sera"])
+    for arm, run in runs.items():
+        steps = run["steps"]
+        assert len(steps["wall_s"]) == config["steps"] == 3, arm
+        # Rounds are scored as they are generated: one reward call per generation call.
+        assert steps["reward_calls"] == steps["generation_calls"], arm
+        # Every completion is one row of the fixed budget, at least one token long.
+        assert all(t >= config["budget"] for t in steps["generated_tokens"]), arm
+        assert all(0 < g < w for g, w in zip(steps["generate_s"], steps["wall_s"])), arm
+        cpu = np.asarray(steps["cpu_s"])
+        assert (np.diff(cpu) > 0).all() and run["cpu_time_s"] == cpu[-1], arm
+        # The evaluations ran but were not counted as training time.
+        assert run["evaluation_cpu_s"] > 0, arm
+        assert [p["step"] for p in run["at_steps"]] == config["eval_steps"] == [0, 2, 3]
+        for point in run["at_cpu"]:
+            # The weights reached within t seconds: the last step end at or before t.
+            assert point["state_cpu_s"] <= point["cpu_s"], arm
+            later = [c for c in cpu if c <= point["cpu_s"]]
+            assert point["step"] == len(later), arm
+            assert len(point["pass_at_k"]) == config["eval_samples"]
+    # Every arm of the seed started from the same warm start, evaluated once.
+    assert len({json.dumps(run["at_steps"][0]) for run in runs.values()}) == 1
+    summary = payload["summary"]
+    assert summary["common_cpu_grid_s"] == [0.01, 0.03]
+    for base in trl_coverage.BASELINES:
+        against = summary["paired"][base]
+        assert set(against) == set(trl_coverage.ARMS) - {base}
+        for cell in against.values():
+            assert set(cell["final_step_at"]) == {"pass@1", "pass@8"}
+            assert set(cell["at_cpu"]) == {"0.01", "0.03"}
+    warm = list((tmp_path / "warm_starts").glob("seed0_*.pt"))
+    assert len(warm) == 1
+
+    # A second run reuses the seed's cached warm start instead of training it again.
+    before = warm[0].stat().st_mtime_ns
+    assert trl_coverage.main(["--quick", "--arms", "trl", "--out", str(tmp_path),
+                              "--no-progress"]) == 0
+    assert warm[0].stat().st_mtime_ns == before
+    again = json.loads((tmp_path / "trl_coverage.json").read_text())
+    assert again["warm_starts"] == payload["warm_starts"]
+
+
+@pytest.mark.parametrize("text", ["grpo", "trl:rounds=2", "sera:rounds=0", "sera:rounds=x",
+                                  "sera:policy=nope", "sera:first=2:rounds=1",
+                                  "sera:rounds=2:rounds=4", "sera:beta=1"])
+def test_bad_arms_are_refused_before_training(text):
+    from sera_opt.benchmarks._harness import ArmSpecError
+    from sera_opt.benchmarks.trl_coverage import parse_arm
+
+    with pytest.raises(ArmSpecError):
+        parse_arm(text)
+
+
+def test_arms_parse_to_their_trainer_policy_and_rounds():
+    from sera_opt.benchmarks._harness import ArmSpecError
+    from sera_opt.benchmarks.trl_coverage import ARMS, parse_arm, parse_arms
+
+    arms = parse_arms(",".join(ARMS))
+    assert [a.trainer for a in arms] == ["trl", "sera", "sera", "sera", "sera"]
+    assert [a.rounds for a in arms] == [None, 1, 1, 2, None]
+    assert arms[1].policy == "uniform" and arms[4].policy is None
+    assert parse_arm("sera:rounds=3:first=2").first == 2
+    with pytest.raises(ArmSpecError):
+        parse_arms("trl,trl")
+
+
+@pytest.mark.parametrize("argv", [["--jobs", "0"], ["--cpu-grid", "5,x"], ["--cpu-grid", "10,5"],
+                                  ["--cpu-grid", "0,5"], ["--steps", "0"], ["--seeds", "0"],
+                                  ["--arms", "trl,grpo"]])
+def test_bad_options_are_refused_before_any_work(argv, tmp_path):
+    from sera_opt.cli import main
+
+    assert main(["bench", "trl-coverage", *argv, "--quick", "--out", str(tmp_path / "o")]) == 2
+    assert not (tmp_path / "o").exists()
