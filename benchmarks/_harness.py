@@ -36,6 +36,10 @@ from sera_opt.exceptions import SeraOptError, SeraOptWarning
 
 __all__ = [
     "common_parser",
+    "seed",
+    "at_least",
+    "fraction",
+    "positive",
     "machine_info",
     "median_time",
     "progress",
@@ -82,9 +86,68 @@ def common_parser(name: str, description: str) -> argparse.ArgumentParser:
                         help="small preset that finishes in about a minute")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
                         help=f"folder for the JSON results and plots (default: {DEFAULT_OUT})")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    parser.add_argument("--seed", type=seed, default=0, help="random seed (default: 0)")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
     return parser
+
+
+#: The seeds every random source of the benchmarks takes (numpy's legacy generator,
+#: scikit-learn's random_state): 0 to 2**32 - 1.
+MAX_SEED = 2**32 - 1
+
+
+def seed(text: str) -> int:
+    """An argparse type: a random seed, a whole number from 0 to :data:`MAX_SEED`
+    (checked before any work, not when the first generator is made)."""
+    value = _whole(text)
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"a seed is a whole number from 0 to {MAX_SEED}, "
+                                         f"got {value}")
+    return value
+
+
+def at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: a whole number of at least ``minimum`` (a count of rounds,
+    repeats, steps or prompts), refused on the command line, before any work."""
+    def parse(text: str) -> int:
+        value = _whole(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be a whole number of at least {minimum}, "
+                                             f"got {value}")
+        return value
+
+    parse.__name__ = f"whole number >= {minimum}"  # argparse names the type in errors
+    return parse
+
+
+def fraction(text: str) -> float:
+    """An argparse type: a number in (0, 1] (a decay factor)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be a number in (0, 1], got {text}")
+    return value
+
+
+def positive(text: str) -> float:
+    """An argparse type: a finite number above 0 (a time limit)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text}")
+    return value
+
+
+def _whole(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:  # not a number, or beyond Python's 4,300-digit limit
+        shown = text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
+        raise argparse.ArgumentTypeError(f"{shown!r} is not a whole number") from None
 
 
 def machine_info() -> dict[str, Any]:

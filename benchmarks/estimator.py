@@ -68,13 +68,13 @@ NAME = "estimator"
 
 def _parser():
     parser = _harness.common_parser(NAME, __doc__.splitlines()[0])
-    parser.add_argument("--rollouts", type=int, default=None,
+    parser.add_argument("--rollouts", type=_harness.at_least(1), default=None,
                         help="N (default 1,000,000; 100,000 with --quick)")
-    parser.add_argument("--prompts", type=int, default=None,
+    parser.add_argument("--prompts", type=_harness.at_least(1), default=None,
                         help="M (default N / 10)")
-    parser.add_argument("--rounds", type=int, default=None,
+    parser.add_argument("--rounds", type=_harness.at_least(1), default=None,
                         help="timing rounds (default 41; 15 with --quick)")
-    parser.add_argument("--threads", type=int, default=1,
+    parser.add_argument("--threads", type=_harness.at_least(1), default=1,
                         help="torch CPU threads (default 1)")
     parser.add_argument("--device", default="cpu",
                         help="torch device of the tensors (default cpu; 'cuda' times the GPU "

@@ -146,7 +146,7 @@ def _measure(m: int, repeats: int) -> dict:
 
 def main(argv=None) -> int:
     parser = _harness.common_parser("first-use", __doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=None,
+    parser.add_argument("--repeats", type=_harness.at_least(1), default=None,
                         help="cold processes per size, each with an empty cache (default 3, "
                              "--quick 1)")
     parser.add_argument("--prompts", type=_sizes, default=None,

@@ -280,7 +280,8 @@ def main(argv=None) -> int:
     from sera_opt.benchmarks.solvers import cpu_info
 
     parser = _harness.common_parser("rounds", __doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=None, help="timing rounds (default 31)")
+    parser.add_argument("--rounds", type=_harness.at_least(1), default=None,
+                        help="timing rounds (default 31)")
     parser.add_argument("--no-scales", action="store_true", help="skip the scale simulation")
     args = parser.parse_args(argv)
     sizes = (256, 1024) if args.quick else SIZES

@@ -277,9 +277,9 @@ def plot(rows: list[dict], out_dir):
 
 def main(argv=None) -> int:
     parser = _harness.common_parser("solvers", __doc__.split("\n\n")[0])
-    parser.add_argument("--max-seconds", type=float, default=60.0,
+    parser.add_argument("--max-seconds", type=_harness.positive, default=60.0,
                         help="stop timing a solver at larger M once one call takes this long")
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=_harness.at_least(1), default=7)
     args = parser.parse_args(argv)
     rng = np.random.default_rng(args.seed)
     sizes = QUICK_SIZES if args.quick else tuple(sorted(set(SOLVER_SIZES) | set(POLICY_SIZES)))

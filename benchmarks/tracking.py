@@ -259,9 +259,9 @@ def plot(result: dict, out_dir):
 
 def main(argv=None) -> int:
     parser = _harness.common_parser("tracking", __doc__.split("\n\n")[0])
-    parser.add_argument("--rollouts", type=int, default=1_000_000)
-    parser.add_argument("--prompts", type=int, default=1_000_000)
-    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--rollouts", type=_harness.at_least(1), default=1_000_000)
+    parser.add_argument("--prompts", type=_harness.at_least(1), default=1_000_000)
+    parser.add_argument("--rounds", type=_harness.at_least(1), default=9)
     args = parser.parse_args(argv)
     rng = np.random.default_rng(args.seed)
     show = not args.no_progress

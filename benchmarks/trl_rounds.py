@@ -134,11 +134,11 @@ def _label(setting) -> str:
 
 def main(argv=None) -> int:
     parser = _harness.common_parser("trl-rounds", __doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=None,
+    parser.add_argument("--repeats", type=_harness.at_least(1), default=None,
                         help="runs per setting, alternating the order (default 3, --quick 1)")
-    parser.add_argument("--steps", type=int, default=None,
+    parser.add_argument("--steps", type=_harness.at_least(1), default=None,
                         help="optimizer steps per run, the first a warm-up (default 11, --quick 3)")
-    parser.add_argument("--completion-length", type=int, default=None,
+    parser.add_argument("--completion-length", type=_harness.at_least(1), default=None,
                         help="max_completion_length in tokens (default 16, --quick 8)")
     parser.add_argument("--rounds", type=_rounds_list, default=ROUNDS,
                         help="round settings, with 1 as the baseline (default 1,2,4)")

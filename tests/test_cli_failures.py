@@ -328,8 +328,8 @@ def test_an_empty_output_name(capsys, monkeypatch):
 
 @pytest.mark.parametrize("argv, fragment", [
     (["bench", "solvers", "--nope"], "unrecognized arguments: --nope"),
-    (["bench", "solvers", "--seed", "x"], "invalid int value: 'x'"),
-    (["demo", "--seed", "x"], "invalid int value: 'x'"),
+    (["bench", "solvers", "--seed", "x"], "'x' is not a whole number"),
+    (["demo", "--seed", "x"], "'x' is not a whole number"),
 ])
 def test_a_benchmarks_own_argument_errors_are_one_line(argv, fragment):
     result = _command(argv, timeout=120)

@@ -41,19 +41,22 @@ def _parser(prog: str, description: str, *, for_demo: bool = False) -> argparse.
         parser = argparse.ArgumentParser(prog=prog, description=description)
         parser.add_argument("--out", type=Path, default=None,
                             help="also write the results as demo.json into this folder")
-        parser.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+        parser.add_argument("--seed", type=_harness.seed, default=0,
+                            help="random seed (default: 0)")
         parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
     else:
         parser = _harness.common_parser(NAME, description)
         parser.prog = prog
-    parser.add_argument("--budgets", type=int, nargs="+",
+    parser.add_argument("--budgets", type=_harness.at_least(1), nargs="+",
                         help="average rollouts per prompt (default: 2 4 8 16 32 64)")
-    parser.add_argument("--draws", type=int, help="sampled draws per batch and method")
-    parser.add_argument("--batches", type=int, help="number of prompt batches")
-    parser.add_argument("--batch-size", type=int, help="prompts per batch (default: 256)")
-    parser.add_argument("--history-rollouts", type=int,
+    parser.add_argument("--draws", type=_harness.at_least(1),
+                        help="sampled draws per batch and method")
+    parser.add_argument("--batches", type=_harness.at_least(1), help="number of prompt batches")
+    parser.add_argument("--batch-size", type=_harness.at_least(1),
+                        help="prompts per batch (default: 256)")
+    parser.add_argument("--history-rollouts", type=_harness.at_least(0),
                         help="rollouts per prompt in the earlier round that feeds the tracker")
-    parser.add_argument("--max-ratio", type=int,
+    parser.add_argument("--max-ratio", type=_harness.at_least(1),
                         help="max_rollouts = this * budget per prompt (default: 4)")
     parser.add_argument("--peers", nargs="*",
                         help="peer policies to compare, each a name or "

@@ -304,15 +304,18 @@ def build_parser() -> argparse.ArgumentParser:
                         help="named configuration (default: 'default'; --quick means 'quick')")
     parser.add_argument("--device", default="cpu",
                         help="cpu, cuda[:N] or auto (CUDA when present); default cpu")
-    parser.add_argument("--threads", type=int, default=1,
+    parser.add_argument("--threads", type=_harness.at_least(1), default=1,
                         help="torch CPU threads (default 1: bit-reproducible on the CPU)")
-    parser.add_argument("--seeds", type=int, default=None, help="number of seeds (override)")
+    parser.add_argument("--seeds", type=_harness.at_least(1), default=None,
+                        help="number of seeds (override)")
     parser.add_argument("--arms", "--policies", dest="policies", default=None,
                         help="comma-separated arms, each a policy name or "
                              "name:key=value[:key=value...], including uniform (override; default "
                              f"{','.join(REPORT_ARMS)}, the report runs' arms)")
-    parser.add_argument("--rl-steps", type=int, default=None, help="MaxRL steps (override)")
-    parser.add_argument("--sft-steps", type=int, default=None, help="warm-start steps (override)")
+    parser.add_argument("--rl-steps", type=_harness.at_least(1), default=None,
+                        help="MaxRL steps (override)")
+    parser.add_argument("--sft-steps", type=_harness.at_least(0), default=None,
+                        help="warm-start steps (override)")
     return parser
 
 

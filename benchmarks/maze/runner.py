@@ -57,25 +57,27 @@ def build_parser():
     parser = _harness.common_parser(NAME, __doc__.splitlines()[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), default=None,
                         help="configuration preset (default: 'default'; --quick selects 'quick')")
-    parser.add_argument("--seeds", type=int, default=None,
+    parser.add_argument("--seeds", type=_harness.at_least(1), default=None,
                         help="number of runs; run i uses seed SEED + i")
-    parser.add_argument("--steps", type=int, default=None, help="MaxRL steps per arm")
+    parser.add_argument("--steps", type=_harness.at_least(1), default=None,
+                        help="MaxRL steps per arm")
     parser.add_argument("--arms", default=None,
                         help="comma-separated arms, each a policy name or "
                              "name:key=value[:key=value...], including uniform (default: "
                              f"{','.join(REPORT_ARMS)}, the report runs' arms)")
-    parser.add_argument("--rollouts-per-maze", type=int, default=None,
+    parser.add_argument("--rollouts-per-maze", type=_harness.at_least(1), default=None,
                         help="average rollouts per maze; the budget per step is this times "
                              "the mazes per step")
-    parser.add_argument("--mazes-per-step", type=int, default=None, help="mazes in each batch")
-    parser.add_argument("--max-rollouts", type=int, default=None,
+    parser.add_argument("--mazes-per-step", type=_harness.at_least(1), default=None,
+                        help="mazes in each batch")
+    parser.add_argument("--max-rollouts", type=_harness.at_least(1), default=None,
                         help="most rollouts one maze may get in a step (default 32)")
-    parser.add_argument("--tracker-decay", type=float, default=None,
+    parser.add_argument("--tracker-decay", type=_harness.fraction, default=None,
                         help="SuccessTracker decay: weight kept by old evidence per step "
                              "(default 1: no forgetting)")
     parser.add_argument("--device", default="cpu",
                         help="torch device: cpu, cuda, or auto (cuda when available)")
-    parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1),
+    parser.add_argument("--workers", type=_harness.at_least(1), default=min(2, os.cpu_count() or 1),
                         help="parallel processes on CPU, one thread each (default: 2 or the "
                              "number of CPUs if fewer; results do not depend on it)")
     return parser
