@@ -10,10 +10,13 @@ import warnings
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import sera_opt
 from sera_opt import api
 from sera_opt.policies.core import SERAPolicy
+from sera_opt.separable import AlphaFairUtility
 from sera_opt.solvers.base import SOLVERS
 
 
@@ -89,3 +92,37 @@ def test_allocate_equals_policy_allocate(m):
     for _ in range(2):
         assert np.array_equal(sera_opt.allocate(p, 8 * m, min_rollouts=1, max_rollouts=64).counts,
                               policy.allocate(p, 8 * m).counts)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), m=st.integers(400, 2500), ties=st.booleans(),
+       identical=st.booleans(), share=st.floats(0.01, 0.99))
+def test_the_training_batch_kernel_equals_exhaustive_sort(seed, m, ties, identical, share):
+    """``closed_solve``, the one kernel of every batch below SUBSAMPLE_FROM rows, against
+    the sort of all gains, on the sizes where it opens its bracket from the rows'
+    extremes and from a subsample, with spare budgets beyond the one-at-a-time kernel's
+    (so that the bracket and its heap hand the rollouts out), ties, and batches of
+    identical prompts (a first plan: every estimate is the prior's mean, one plateau of
+    tied gains)."""
+    from sera_opt.kernels.kinds import CLOSED_FORM_KINDS, STEPWISE_MAX_SPARE
+
+    from .test_separable import closed_entry_counts, objectives_for, sorted_reference
+
+    rng = np.random.default_rng(seed)
+    lo = rng.integers(2, 4, m)
+    hi = lo + rng.integers(0, 12, m)
+    total = int((hi - lo).sum())
+    spare = min(max(STEPWISE_MAX_SPARE + 1, int(share * total)), total - 1)
+    if spare <= STEPWISE_MAX_SPARE:
+        return
+    budget = int(lo.sum()) + spare
+    if identical:
+        objectives = [AlphaFairUtility(np.full(m, 0.3), alpha, offset=1) for alpha in (0, 1, 2)]
+    else:
+        objectives = [o for o in objectives_for(rng, m, ties=ties)
+                      if o._kind in CLOSED_FORM_KINDS]
+    for objective in objectives:
+        np.testing.assert_array_equal(
+            closed_entry_counts("closed_solve", objective, budget, lo, hi),
+            sorted_reference(objective, budget, lo, hi),
+            err_msg=f"{type(objective).__name__}, {m} rows, spare {spare}")

@@ -1,4 +1,5 @@
-"""First use: a new user's first step compiles only the kernels it runs.
+"""First use: a new user's first step compiles only the kernels it runs, the same at every
+batch size.
 
 numba compiles a kernel together with everything it can call, so what a first call
 compiles is decided by which kernel it enters. The time this takes is measured by
@@ -39,12 +40,10 @@ for _, ev in recorder.buffer:
 print(json.dumps(compiled))
 """
 
-# What only larger problems, other policies or a tracker with decay need.
+# What only the largest problems, other policies or a tracker with decay need.
 GENERAL_ENGINE = ("sera_opt.kernels.entries.solve", "sera_opt.kernels.general.select_spare")
-SUBSAMPLE_SEARCH = ("sera_opt.kernels.closed.closed_counts_sampled",
-                    "sera_opt.kernels.closed.closed_counts_sampled_exact",
-                    "sera_opt.kernels.closed.strided_subsample")
-BRACKET_SEARCH = ("sera_opt.kernels.closed.closed_counts",)
+LARGEST = ("sera_opt.kernels.closed.closed_counts_sampled_exact",
+           "sera_opt.kernels.closed._opened_exactly")
 DECAY = ("sera_opt.tracking.evidence_kernels._expire",
          "sera_opt.tracking.evidence_kernels.update_evidence_decayed")
 
@@ -66,33 +65,26 @@ def names(compiled):
 
 
 @pytest.mark.slow
-def test_a_small_first_step_compiles_the_one_at_a_time_kernel_only(tmp_path):
-    """64 prompts, 8 rollouts each, the default planner (sera-fair, no decay): the spare
-    rollouts are few, so the step enters ``stepwise_counts``; neither bracket search, nor
-    the general engine, nor the decayed tracker's expiry is compiled, and no kernel is
-    compiled twice (once per literal value, or for read-only and writable arrays)."""
-    compiled = first_step(tmp_path, 64)
-    got = names(compiled)
-    assert "sera_opt.kernels.closed.stepwise_counts" in got
-    assert "sera_opt.tracking.evidence_kernels.update_evidence" in got
-    for name in GENERAL_ENGINE + SUBSAMPLE_SEARCH + BRACKET_SEARCH + DECAY:
-        assert name not in got, f"{name} compiled on a small first step"
-    ours = [name for name, _ in compiled if name.startswith("sera_opt.")]
-    assert len(ours) == len(set(ours)), sorted(n for n in ours if ours.count(n) > 1)
-
-
-@pytest.mark.slow
-def test_a_batch_of_a_thousand_compiles_each_helper_once_and_no_general_engine(tmp_path):
-    """1,024 prompts open the closed-form search from a subsample solved by the search
-    itself: the general engine (which only subsamples of 32,768-prompt batches use) is not
-    compiled, and each helper compiles for one signature."""
-    compiled = first_step(tmp_path, 1024)
-    got = names(compiled)
-    assert "sera_opt.kernels.closed.closed_counts_sampled" in got
-    for name in GENERAL_ENGINE + ("sera_opt.kernels.closed.closed_counts_sampled_exact",) + DECAY:
-        assert name not in got, f"{name} compiled for 1,024 prompts"
-    ours = [name for name, _ in compiled if name.startswith("sera_opt.")]
-    assert len(ours) == len(set(ours)), sorted(n for n in ours if ours.count(n) > 1)
+def test_a_first_step_compiles_the_same_kernels_at_every_batch_size(tmp_path):
+    """64 and 1,024 prompts, 8 rollouts each, the default planner (sera-fair, no decay):
+    both first steps enter one kernel of the closed-form kinds, ``closed_solve``, and
+    compile the same kernels, so a later, larger batch compiles nothing more. Neither
+    compiles the general engine, the largest problems' kernel or the decayed tracker's
+    expiry, and no kernel is compiled twice (once per literal value, or for read-only and
+    writable arrays)."""
+    (tmp_path / "small").mkdir()
+    (tmp_path / "large").mkdir()
+    small = first_step(tmp_path / "small", 64)
+    large = first_step(tmp_path / "large", 1024)
+    assert "sera_opt.kernels.closed.closed_solve" in names(small)
+    assert "sera_opt.tracking.evidence_kernels.update_evidence" in names(small)
+    assert names(small) == names(large), (sorted(names(small) ^ names(large)))
+    for compiled in (small, large):
+        got = names(compiled)
+        for name in GENERAL_ENGINE + LARGEST + DECAY:
+            assert name not in got, f"{name} compiled on a first step"
+        ours = [name for name, _ in compiled if name.startswith("sera_opt.")]
+        assert len(ours) == len(set(ours)), sorted(n for n in ours if ours.count(n) > 1)
 
 
 @pytest.mark.slow

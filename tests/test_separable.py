@@ -666,8 +666,7 @@ def test_the_python_list_of_closed_form_kinds_is_the_kernels_own():
     assert {kind for kind in numbers if gains.closed_form(kind)} == kinds.CLOSED_FORM_KINDS
 
 
-CLOSED_ENTRIES = ("stepwise_counts", "closed_counts", "closed_counts_sampled",
-                  "closed_counts_sampled_exact")
+CLOSED_ENTRIES = ("stepwise_counts", "closed_solve", "closed_counts_sampled_exact")
 
 
 def closed_entry_counts(name, objective, budget, lo, hi):
@@ -686,11 +685,12 @@ def closed_entry_counts(name, objective, budget, lo, hi):
 @given(seed=st.integers(0, 2**32 - 1), m=st.integers(20, 700), ties=st.booleans(),
        share=st.floats(0.001, 0.999))
 def test_every_closed_form_entry_equals_exhaustive_sort(seed, m, ties, share):
-    """The closed-form kinds have one entry kernel per way of solving (one rollout at a
-    time; the bracket opened from the rows' extremes, or from a subsample solved by the
-    closed-form search or exactly): the solver calls one of them by the problem's size,
-    so each is checked here by itself, on sizes from 20 rows (the subsample entries take
-    one row in sixteen), against the sort of all gains."""
+    """The closed-form kinds have two entry kernels (one for every batch below
+    SUBSAMPLE_FROM rows, which opens its bracket from the rows' extremes or from a
+    subsample by their number, and one whose subsample is solved exactly) and the
+    one-at-a-time kernel the first calls for a small spare: each is checked here by
+    itself, on sizes from 20 rows (the subsample entry takes one row in sixteen), against
+    the sort of all gains."""
     from sera_opt.kernels.kinds import CLOSED_FORM_KINDS
 
     rng = np.random.default_rng(seed)
@@ -711,23 +711,22 @@ def test_every_closed_form_entry_equals_exhaustive_sort(seed, m, ties, share):
 
 
 def test_the_solver_takes_the_entry_the_size_calls_for(monkeypatch):
-    """``closed_entry`` picks the kernel by the rows and the spare rollouts, and the
-    solver calls the kernel it names (stepwise for a small spare, the bracket search from
-    the extremes below CLOSED_SUBSAMPLE_FROM rows, from a subsample above)."""
+    """``closed_entry`` picks the kernel by the rows alone (one kernel for every batch
+    below SUBSAMPLE_FROM rows, whatever its spare rollouts), and the solver calls the
+    kernel it names."""
     from sera_opt.kernels import kinds
 
-    assert kinds.closed_entry(64, 384) == "stepwise_counts"
-    assert kinds.closed_entry(64, kinds.STEPWISE_MAX_SPARE) == "stepwise_counts"
-    assert kinds.closed_entry(64, kinds.STEPWISE_MAX_SPARE + 1) == "closed_counts"
-    assert kinds.closed_entry(kinds.CLOSED_SUBSAMPLE_FROM, 10**5) == "closed_counts_sampled"
-    assert kinds.closed_entry(kinds.SUBSAMPLE_FROM, 10**6) == "closed_counts_sampled_exact"
+    assert kinds.closed_entry(64) == "closed_solve"
+    assert kinds.closed_entry(kinds.CLOSED_SUBSAMPLE_FROM) == "closed_solve"
+    assert kinds.closed_entry(kinds.SUBSAMPLE_FROM - 1) == "closed_solve"
+    assert kinds.closed_entry(kinds.SUBSAMPLE_FROM) == "closed_counts_sampled_exact"
     import sera_opt.separable.objective as objective_module
 
     called = []
     real = objective_module.closed_entry
 
-    def spy(rows, spare):
-        called.append(real(rows, spare))
+    def spy(rows):
+        called.append(real(rows))
         return called[-1]
 
     monkeypatch.setattr(objective_module, "closed_entry", spy)
@@ -735,5 +734,4 @@ def test_the_solver_takes_the_entry_the_size_calls_for(monkeypatch):
         p = np.random.default_rng(m).uniform(0.05, 0.95, m)
         counts = solve_separable(AlphaFairUtility(p, 1.0, offset=1), per * m, 2, 32)
         assert counts.sum() == per * m
-        assert called[-1] == real(m, per * m - 2 * m)
-    assert called == ["stepwise_counts", "closed_counts", "closed_counts_sampled"]
+    assert called == ["closed_solve"] * 3

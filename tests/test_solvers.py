@@ -594,9 +594,9 @@ def test_a_first_compilation_is_announced_once_and_a_cached_run_is_quiet(tmp_pat
 
 @pytest.mark.slow
 def test_a_later_compile_is_announced_again(tmp_path):
-    """A larger batch takes another solver kernel: when it compiles after the first
-    notice's minute (here made 0 s), it is announced again; a call that compiles
-    nothing new is quiet."""
+    """Another policy takes another solver kernel (the general engine's, alpha = 0.5):
+    when it compiles after the first notice's minute (here made 0 s), it is announced
+    again; a call that compiles nothing new is quiet."""
     from sera_opt._jit import MESSAGE
 
     code = ("import numpy as np, sera_opt, sera_opt._jit as jit\n"
@@ -605,9 +605,10 @@ def test_a_later_compile_is_announced_again(tmp_path):
             "jit.REPEAT_AFTER_S = 0.0\n"
             "import sys; print('--', file=sys.stderr, flush=True)\n"
             "p = np.linspace(0.05, 0.95, 300)\n"
-            "policy.allocate(p, 8 * 300, min_rollouts=2)\n"
+            "other = sera_opt.get_policy('sera-fair', alpha=0.5)\n"
+            "other.allocate(p, 8 * 300, min_rollouts=2)\n"
             "print('--', file=sys.stderr, flush=True)\n"
-            "policy.allocate(p, 8 * 300, min_rollouts=2)\n")
+            "other.allocate(p, 8 * 300, min_rollouts=2)\n")
     out = _run(code, {"SERA_OPT_CACHE_DIR": str(tmp_path)})
     small, larger, again = out.stderr.split("--\n")
     assert small.count(MESSAGE) == 1, out.stderr

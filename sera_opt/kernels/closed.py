@@ -15,13 +15,13 @@ from .crossing import row_crossing, settled_start
 from .floatkeys import counts_from, float_key, float_key_below, float_unkey
 from .gains import gain, pass_constant
 from .general import select_spare
-from .kinds import CLOSED_SUBSAMPLE_FROM
+from .kinds import CLOSED_SUBSAMPLE_FROM, STEPWISE_MAX_SPARE
 from .selection import kth_largest, pick_ties, take_beyond
 
 _INF = np.inf
 
-__all__ = ["CLOSED_SUBSAMPLE_FROM", "closed_counts", "closed_counts_sampled",
-           "closed_counts_sampled_exact", "stepwise_counts", "strided_subsample"]
+__all__ = ["CLOSED_SUBSAMPLE_FROM", "closed_counts_sampled_exact", "closed_solve",
+           "stepwise_counts", "strided_subsample"]
 
 # The memo of rows with equal parameters (see _closed_count and _memo_new): 64
 # entries, indexed by the top bits of a multiplicative hash of the parameters' bits.
@@ -322,13 +322,14 @@ def _closed_level(kind, p0, p1, p2, c, lo, hi, spare, fbuf, ibuf):
     return value_a
 
 
-# The max-sum kinds whose crossings are known in closed form have four entry kernels,
-# one per way of solving (one rollout at a time for a small spare; else the bracket
-# opened from the rows' extremes or from a subsample, solved by the closed-form search or
-# by the general engine), chosen in Python by the problem's size
-# (:func:`sera_opt.kernels.kinds.closed_entry`): numba compiles a kernel with every
-# function it can call, so a first call on a small batch compiles neither the subsample
-# search nor the general engine that the largest batches use for it.
+# The max-sum kinds whose crossings are known in closed form have two entry kernels,
+# chosen in Python by the problem's size (:func:`sera_opt.kernels.kinds.closed_entry`):
+# :func:`closed_solve` below ``SUBSAMPLE_FROM`` rows, which holds every way of solving a
+# training batch (one rollout at a time for a small spare, else the bracket search), so
+# that the first call of a run compiles what all its later batches need, whatever their
+# size; and :func:`closed_counts_sampled_exact` for the largest problems, whose subsample
+# is solved by the general engine (numba compiles a kernel with every function it can
+# call, so no training batch compiles that engine).
 
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -380,7 +381,7 @@ def _sift_step(heap, gains, counts, root, size):
 
 @njit(cache=True, error_model="numpy")
 def stepwise_counts(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out):
-    """The counts of :func:`closed_counts` (the same arguments and the same tie rule),
+    """The counts of :func:`closed_solve` (the same arguments and the same tie rule),
     by handing the ``spare`` rollouts out one at a time: each goes to the row whose next
     step has the largest gain (then fewer rollouts, then the lower index), from a binary
     heap over the rows. Rows' gains do not increase along the row, so the steps leave
@@ -389,91 +390,65 @@ def stepwise_counts(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out):
     problems about as fast as the bracket search (see ``kinds.STEPWISE_MAX_SPARE``), and
     a small kernel, which numba compiles in a tenth of the bracket search's time.
     ``stats`` and ``work_i`` are not used (the same arguments as the other entries)."""
-    m = lo.shape[0]
     total = _room(lo, hi)
     if spare <= 0:
         return counts_from(lo, out)
     if spare >= total:
         return counts_from(hi, out)
     counts = counts_from(lo, out)
+    _hand_out(kind, p0, p1, p2, c, counts, hi, spare)
+    return counts
+
+
+@njit(cache=True, error_model="numpy")
+def _hand_out(kind, p0, p1, p2, c, counts, stops, need):
+    """Add ``need`` steps to ``counts`` one at a time, each to the row whose next step has
+    the largest gain (then fewer rollouts, then the lower index), from a binary heap over
+    the rows with ``counts < stops``; ``need`` must not exceed ``sum(stops - counts)``.
+    Returns how many gains it evaluated."""
+    m = counts.shape[0]
     gains = np.empty(m, dtype=np.float64)
     heap = np.empty(m, dtype=np.int64)
     size = 0
     for i in range(m):
-        if hi[i] > lo[i]:
-            gains[i] = gain(kind, p0[i], p1[i], p2[i], c, lo[i])
+        if stops[i] > counts[i]:
+            gains[i] = gain(kind, p0[i], p1[i], p2[i], c, counts[i])
             heap[size] = i
             size += 1
+    evaluated = size
     for root in range(size // 2 - 1, -1, -1):
         _sift_step(heap, gains, counts, root, size)
-    for _ in range(spare):
+    for _ in range(need):
         row = heap[0]
         counts[row] += 1
-        if counts[row] < hi[row]:
+        if counts[row] < stops[row]:
             gains[row] = gain(kind, p0[row], p1[row], p2[row], c, counts[row])
+            evaluated += 1
         else:
             size -= 1
             heap[0] = heap[size]
         if size > 0:
             _sift_step(heap, gains, counts, 0, size)
-    return counts
+    return evaluated
 
 
-@njit(cache=True, error_model="numpy")
-def closed_counts(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out):
-    """The engine for max-sum kinds whose crossings are known in closed form, chosen for
-    fewer than ``CLOSED_SUBSAMPLE_FROM`` rows (exact at any size).
+def _subsample_opening(exact: bool, name: str):
+    """The opening of a bracket from a strided subsample, solved for its share of the
+    budget exactly (``exact``: the general engine, for ``SUBSAMPLE_FROM`` rows and more) or
+    by the closed-form search stopped early. ``exact`` is a constant of the kernel (a
+    closure variable, so numba drops the branch it does not take and compiles only the
+    solver it calls); ``name`` keeps the two apart in the kernel cache."""
 
-    The rows' extreme gains open the bracket ``(b, a]`` with ``C(a) <= spare <= C(b)``;
-    regula falsi on the count (alternating with bisection on the bit order of the
-    value) narrows it, each step one pass that keeps its per-row counts for the end it
-    becomes (the only per-row state); then the gains in the bracket are collected (no
-    crossing is found again) and the remaining ones selected exactly (ties: fewer
-    rollouts first, then the lower index). ``stats`` (int64, length 4) receives (count
-    passes, gains collected, 0, subsample solves); ``work_i`` (int64, (4, M)) holds the
-    per-row state when it has M columns and ``out`` (int64, (M,)) the counts when it has
-    M entries (else they are allocated here). Like every entry, it gives ``lo`` for
-    ``spare <= 0`` and ``hi`` for ``spare >= sum(hi - lo)``.
-    """
-    fbuf = np.empty(1, dtype=np.float64)
-    ibuf = fbuf.view(np.int64)
-    total = _room(lo, hi)
-    if spare <= 0:
-        return counts_from(lo, out)
-    if spare >= total:
-        return counts_from(hi, out)
-    ends, slot, known = _closed_ends(lo, hi, _YES, work_i)
-    key_a, key_b, c_a, c_b = _closed_extremes(kind, p0, p1, p2, c, lo, hi, spare, total,
-                                              fbuf, ibuf, stats, ends, slot, known)
-    return _closed_finish(kind, p0, p1, p2, c, lo, hi, spare, stats, out, key_a, key_b, c_a,
-                          c_b, ends, slot, known, fbuf, ibuf)
-
-
-def _sampled_entry(exact: bool, name: str):
-    """The entry kernel that opens the bracket from a strided subsample, solved for its
-    share of the budget exactly (``exact``: the general engine, for ``SUBSAMPLE_FROM``
-    rows and more) or by the closed-form search stopped early. ``exact`` is a constant
-    of the kernel (a closure variable, so numba drops the branch it does not take and
-    compiles only the solver it calls); ``name`` keeps the two apart in the kernel
-    cache."""
-
-    def kernel(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out):
+    def opening(kind, p0, p1, p2, c, lo, hi, spare, total, stats, ends, slot, known, fbuf,
+                ibuf):
         m = lo.shape[0]
-        fbuf = np.empty(1, dtype=np.float64)
-        ibuf = fbuf.view(np.int64)
         limit = max(COLLECT_MIN, m >> 4)
-        total = _room(lo, hi)
-        if spare <= 0:
-            return counts_from(lo, out)
-        if spare >= total:
-            return counts_from(hi, out)
         # The opening bracket: nothing lies above +inf and everything above the sentinel
         # key below -inf.
         key_a = float_key(_INF, fbuf, ibuf)
         key_b = float_key(-_INF, fbuf, ibuf) - 1
         c_a = 0
         c_b = total
-        ends, slot, known = _closed_ends(lo, hi, _YES, work_i)
         # Trial values from a strided subsample (one row in sixteen, at most SUBSAMPLE)
         # for its share of the budget, the share corrected after each full pass by the
         # observed miss (a Newton step in budget space): cheaper than the rows' extreme
@@ -527,37 +502,116 @@ def _sampled_entry(exact: bool, name: str):
             if top_b > key_b:
                 key_b = top_b
                 c_b = top_cb
-        return _closed_finish(kind, p0, p1, p2, c, lo, hi, spare, stats, out, key_a, key_b,
-                              c_a, c_b, ends, slot, known, fbuf, ibuf)
+        return key_a, key_b, c_a, c_b
 
-    kernel.__name__ = kernel.__qualname__ = name
-    kernel.__doc__ = (
-        ":func:`closed_counts` for ``CLOSED_SUBSAMPLE_FROM`` rows and more, the bracket "
-        "opened from a strided subsample solved for its share of the budget "
-        + ("exactly by the general engine (from ``SUBSAMPLE_FROM`` rows on)." if exact else
-           "by the closed-form search stopped early (below ``SUBSAMPLE_FROM`` rows)."))
-    return njit(cache=True, error_model="numpy")(kernel)
+    opening.__name__ = opening.__qualname__ = name
+    opening.__doc__ = (
+        "The bracket ``(b, a]`` and its counts, opened from a strided subsample solved for "
+        "its share of the budget "
+        + ("exactly by the general engine." if exact else
+           "by the closed-form search stopped early."))
+    return njit(cache=True, error_model="numpy")(opening)
 
 
-closed_counts_sampled = _sampled_entry(False, "closed_counts_sampled")
-closed_counts_sampled_exact = _sampled_entry(True, "closed_counts_sampled_exact")
+_opened_by_level = _subsample_opening(False, "_opened_by_level")
+_opened_exactly = _subsample_opening(True, "_opened_exactly")
 
 
 @njit(cache=True, error_model="numpy")
-def _closed_finish(kind, p0, p1, p2, c, lo, hi, spare, stats, out, key_a, key_b, c_a, c_b,
-                   ends, slot, known, fbuf, ibuf):
-    """From an opened bracket ``(b, a]`` to the counts: narrow it to at most
-    ``max(COLLECT_MIN, M / 16)`` steps, collect the gains inside and select the remaining
-    ones exactly (see :func:`closed_counts`)."""
+def closed_counts_sampled_exact(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out):
+    """:func:`closed_solve` for ``SUBSAMPLE_FROM`` rows and more: the bracket opened from a
+    strided subsample solved exactly for its share of the budget by the general engine,
+    narrowed, and the gains left inside it collected and selected (the same arguments and
+    the same tie rule)."""
+    fbuf = np.empty(1, dtype=np.float64)
+    ibuf = fbuf.view(np.int64)
+    total = _room(lo, hi)
+    if spare <= 0:
+        return counts_from(lo, out)
+    if spare >= total:
+        return counts_from(hi, out)
+    ends, slot, known = _closed_ends(lo, hi, _YES, work_i)
+    key_a, key_b, c_a, c_b = _opened_exactly(kind, p0, p1, p2, c, lo, hi, spare, total, stats,
+                                             ends, slot, known, fbuf, ibuf)
+    return _closed_finish(kind, p0, p1, p2, c, lo, hi, spare, stats, out, key_a, key_b,
+                          c_a, c_b, ends, slot, known, fbuf, ibuf)
+
+
+@njit(cache=True, error_model="numpy")
+def closed_solve(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out):
+    """The engine for max-sum kinds whose crossings are known in closed form, below
+    ``SUBSAMPLE_FROM`` rows (exact at any size): one kernel for every batch size below
+    it, so that a first call compiles all a training run's batches will need.
+
+    Up to ``STEPWISE_MAX_SPARE`` spare rollouts are handed out one at a time
+    (:func:`stepwise_counts`). Otherwise the bracket ``(b, a]`` with ``C(a) <= spare <=
+    C(b)`` is opened from the rows' extreme gains (below ``CLOSED_SUBSAMPLE_FROM`` rows)
+    or from a strided subsample solved for its share of the budget; regula falsi on the
+    count (alternating with bisection on the bit order of the value) narrows it, each
+    step one pass that keeps its per-row counts for the end it becomes; then the steps
+    left in the bracket are handed out one at a time from a heap over the rows it holds,
+    in the order of all steps sorted by gain (ties: fewer rollouts first, then the lower
+    index), or water-filled by that tie rule where the bracket closed on one tied value
+    (every gain in it equal). ``stats`` (int64, length 4) receives (count passes, gains evaluated in the
+    bracket, 0, subsample solves); ``work_i`` (int64, (4, M)) holds the per-row state
+    when it has M columns and ``out`` (int64, (M,)) the counts when it has M entries.
+    Like every entry, it gives ``lo`` for ``spare <= 0`` and ``hi`` for ``spare >=
+    sum(hi - lo)``.
+    """
     m = lo.shape[0]
+    total = _room(lo, hi)
+    if spare <= 0:
+        return counts_from(lo, out)
+    if spare >= total:
+        return counts_from(hi, out)
+    if spare <= STEPWISE_MAX_SPARE:
+        return stepwise_counts(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out)
+    fbuf = np.empty(1, dtype=np.float64)
+    ibuf = fbuf.view(np.int64)
+    ends, slot, known = _closed_ends(lo, hi, _YES, work_i)
+    if m < CLOSED_SUBSAMPLE_FROM:
+        key_a, key_b, c_a, c_b = _closed_extremes(kind, p0, p1, p2, c, lo, hi, spare, total,
+                                                  fbuf, ibuf, stats, ends, slot, known)
+    else:
+        key_a, key_b, c_a, c_b = _opened_by_level(kind, p0, p1, p2, c, lo, hi, spare, total,
+                                                  stats, ends, slot, known, fbuf, ibuf)
     limit = max(COLLECT_MIN, m >> 4)
     key_a, key_b, c_a, c_b = _closed_narrow(kind, p0, p1, p2, c, lo, hi, spare, limit, key_a,
-                                            key_b, c_a, c_b, fbuf, ibuf, stats, np.int64(200), ends,
-                                            slot, known)
+                                            key_b, c_a, c_b, fbuf, ibuf, stats, np.int64(200),
+                                            ends, slot, known)
+    starts, stops = _end_counts(kind, p0, p1, p2, c, lo, hi, key_a, key_b, ends, slot, known,
+                                fbuf, ibuf)
+    need = spare - c_a
+    held = 0
+    for i in range(m):
+        held += max(stops[i] - starts[i], 0)
+    if not 0 <= need <= held:
+        # C(a) <= spare <= C(b) holds by construction; handing out more than the bracket
+        # holds would take steps outside it.
+        raise RuntimeError("separable engine: the closed-form bracket does not hold the "
+                           "threshold")
+    if key_b >= key_a - 1:
+        # A plateau: every gain in the bracket equals value_a, so the tie rule alone
+        # orders them (a batch of equal estimates, such as a first plan's).
+        stats[1] = 0
+        return _water_fill(starts, stops, need, out)
+    counts = counts_from(starts, out)
+    if need == 0:
+        return counts
+    # The steps left in the bracket, in the order of all steps sorted by gain.
+    evaluated = _hand_out(kind, p0, p1, p2, c, counts, stops, need)
+    stats[1] = evaluated
+    return counts
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _end_counts(kind, p0, p1, p2, c, lo, hi, key_a, key_b, ends, slot, known, fbuf, ibuf):
+    """The per-row counts at the bracket's ends ``a`` and ``b``: kept from the passes, else
+    found again (one pass)."""
+    m = lo.shape[0]
     value_a = float_unkey(key_a, fbuf, ibuf)
     value_b = float_unkey(key_b, fbuf, ibuf) if key_b >= float_key(-_INF, fbuf, ibuf) else -_INF
     below_all = key_b < float_key(-_INF, fbuf, ibuf)
-    # The per-row counts at both ends: kept from the passes, else found again (one pass).
     starts = ends[slot[0]]
     stops = ends[slot[1]]
     if known[0] == 0 or known[1] == 0:
@@ -574,6 +628,22 @@ def _closed_finish(kind, p0, p1, p2, c, lo, hi, spare, stats, out, key_a, key_b,
             else:
                 starts[i] = lo[i]
                 stops[i] = lo[i]
+    return starts, stops
+
+
+@njit(cache=True, error_model="numpy")
+def _closed_finish(kind, p0, p1, p2, c, lo, hi, spare, stats, out, key_a, key_b, c_a, c_b,
+                   ends, slot, known, fbuf, ibuf):
+    """From an opened bracket ``(b, a]`` to the counts: narrow it to at most
+    ``max(COLLECT_MIN, M / 16)`` steps, collect the gains inside and select the remaining
+    ones exactly (see :func:`closed_solve`)."""
+    m = lo.shape[0]
+    limit = max(COLLECT_MIN, m >> 4)
+    key_a, key_b, c_a, c_b = _closed_narrow(kind, p0, p1, p2, c, lo, hi, spare, limit, key_a,
+                                            key_b, c_a, c_b, fbuf, ibuf, stats, np.int64(200), ends,
+                                            slot, known)
+    starts, stops = _end_counts(kind, p0, p1, p2, c, lo, hi, key_a, key_b, ends, slot, known,
+                                fbuf, ibuf)
     n_bracket = c_b - c_a
     if key_b >= key_a - 1 and n_bracket > limit:
         # A plateau: every gain in the bracket equals value_a, so the tie rule alone

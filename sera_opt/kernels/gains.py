@@ -105,7 +105,7 @@ def prepare(kind, p0, p1, p2, exact):
 @njit(cache=True, error_model="numpy")
 def closed_form(kind):
     """Whether this kind's crossings are known in closed form for every row, so that
-    :func:`closed_counts` serves it: the alpha-fair kinds at alpha = 0, 1, 2, the point
+    :func:`closed_solve` serves it: the alpha-fair kinds at alpha = 0, 1, 2, the point
     hit utility (its log gain ``k log(1 - p) + log p`` is linear in ``k``), VIP's and
     GVM's costs (a gain ``a / ((k - 1) k) + b`` or ``W / (k (k + 1))`` crosses a value
     at the root of a quadratic), and Knapsack, whose crossings are certified by bounds

@@ -44,24 +44,21 @@ SUBSAMPLE_FROM = 32768
 
 
 #: Up to this many spare rollouts (above the minimums) the closed-form kinds are solved
-#: one rollout at a time (:func:`sera_opt.kernels.closed.stepwise_counts`): there it takes
-#: 0.2x to 1.4x the bracket search's time (tens of microseconds either way), and its
-#: kernel compiles in about a second against about ten (docs/benchmarks.md, "First use").
+#: one rollout at a time (:func:`sera_opt.kernels.closed.stepwise_counts`, within
+#: :func:`~sera_opt.kernels.closed.closed_solve`): there it takes 0.2x to 1.4x the bracket
+#: search's time (tens of microseconds either way).
 STEPWISE_MAX_SPARE = 1024
 
 
-def closed_entry(num_rows: int, spare: int) -> str:
-    """The name of the entry kernel in :mod:`sera_opt.kernels.closed` for ``num_rows`` rows
-    and ``spare`` rollouts to hand out above their minimums.
+def closed_entry(num_rows: int) -> str:
+    """The name of the entry kernel in :mod:`sera_opt.kernels.closed` for ``num_rows`` rows.
 
-    One kernel per way of solving, chosen here: numba compiles a kernel together with
-    everything it can call, so a first call on a small problem compiles only the
-    one-at-a-time kernel, and one on a larger batch neither the subsample search nor
-    the general engine that the largest batches use."""
-    if spare <= STEPWISE_MAX_SPARE:
-        return "stepwise_counts"
-    if num_rows < CLOSED_SUBSAMPLE_FROM:
-        return "closed_counts"
+    Below ``SUBSAMPLE_FROM`` rows one kernel serves every size and spare
+    (:func:`~sera_opt.kernels.closed.closed_solve`), so that a training run's first call
+    compiles what its later batches need whatever their size (numba compiles a kernel
+    together with everything it can call); from ``SUBSAMPLE_FROM`` rows on, the kernel
+    whose subsample is solved exactly by the general engine, which no smaller problem
+    compiles."""
     if num_rows < SUBSAMPLE_FROM:
-        return "closed_counts_sampled"
+        return "closed_solve"
     return "closed_counts_sampled_exact"

@@ -152,10 +152,10 @@ class SeparableObjective:
             if not hi.flags.writeable:
                 hi = hi.copy()
             if self._kind in CLOSED_FORM_KINDS:
-                # The entry kernel is chosen here, by the size of the problem, so that a
-                # first call compiles only the one it takes (see kinds.closed_entry).
+                # The entry kernel is chosen here, by the size of the problem, so that no
+                # training batch compiles the largest problems' (see kinds.closed_entry).
                 entry = getattr(_jit.kernels("sera_opt.kernels.closed"),
-                                closed_entry(lo.shape[0], spare))
+                                closed_entry(lo.shape[0]))
                 return entry(self._kind, p0, p1, p2, self.offset, lo, hi, spare, stats,
                              np.empty((4, m), dtype=np.int64), np.empty(m, dtype=np.int64))
             kernels = _jit.kernels("sera_opt.kernels.entries")
