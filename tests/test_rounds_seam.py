@@ -410,13 +410,23 @@ def test_rule_scale_holds_at_a_thousand_rollouts_and_more():
 
 
 def test_a_session_shared_between_threads_stays_whole():
-    policy = sera_opt.get_policy("uniform", offset=1)
-    for trial in range(20):
+    # Threads switch every microsecond, so that a call can be cut between its reads and
+    # its writes (without the session's lock, about half the trials end broken).
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        _hammer(sera_opt.get_policy("uniform", offset=1))
+    finally:
+        sys.setswitchinterval(before)
+
+
+def _hammer(policy):
+    for trial in range(30):
         session = policy.start_rounds(np.full(8, 0.5), 8 * 40, rounds=40)
         unexpected = []
 
         def work():
-            for _ in range(200):
+            for _ in range(300):
                 try:
                     counts = session.next_round()
                     session.record(np.zeros(int(counts.sum())))
@@ -427,7 +437,7 @@ def test_a_session_shared_between_threads_stays_whole():
                 if session.done:
                     return
 
-        threads = [threading.Thread(target=work) for _ in range(4)]
+        threads = [threading.Thread(target=work) for _ in range(8)]
         for t in threads:
             t.start()
         for t in threads:
@@ -435,3 +445,28 @@ def test_a_session_shared_between_threads_stays_whole():
         assert not unexpected, unexpected
         assert session.done and session.result().counts.sum() == 8 * 40, trial
         assert session.round == session.rounds
+
+
+# ---------------------------------------------------------------- round_index
+def test_round_index_must_give_every_prompt_its_round_0():
+    torch = pytest.importorskip("torch")
+    r = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0])
+    idx = torch.tensor([0, 0, 1, 1, 1])
+    fine = sera_opt.maxrl_advantages(r, idx, round_index=torch.tensor([0, 0, 0, 0, 1]))
+    assert torch.isfinite(fine).all()
+    # Rounds counted from 1: no prompt has a round 0, and every baseline would be lost.
+    with pytest.raises(sera_opt.SeraOptError, match=r"2 prompt\(s\) no rollout in round 0.*"
+                                                    r"subtract 1"):
+        sera_opt.maxrl_advantages(r, idx, round_index=torch.tensor([1, 1, 1, 1, 2]))
+    # One prompt's first round left out of the rows.
+    with pytest.raises(sera_opt.SeraOptError, match=r"1 prompt\(s\) no rollout in round 0"):
+        sera_opt.maxrl_advantages(r, idx, round_index=torch.tensor([0, 0, 1, 1, 2]))
+    # The success average has no baseline: any rounds from 0 are fine.
+    sera_opt.maxrl_advantages(r, idx, estimator="success_average",
+                              round_index=torch.tensor([1, 1, 1, 1, 2]))
+    # A session's round_index always qualifies.
+    out = run_rounds(sera_opt.get_policy("uniform", offset=1).start_rounds(P6, 36, rounds=3),
+                     draw(P6))
+    adv = sera_opt.maxrl_advantages(torch.tensor(out.rewards), torch.tensor(out.prompt_index),
+                                    round_index=torch.tensor(out.round_index))
+    assert adv.shape == (36,)
