@@ -150,10 +150,12 @@ def test_every_policys_session_pickles_and_copies_mid_step(name):
     session = policy.start_rounds(P6, 48, rounds=3, **inputs)
     sample = draw(P6, seed=5)
     session.record(sample(session.next_round()))
-    for clone in (pickle.loads(pickle.dumps(session)), copy.deepcopy(session)):
+    for clone in (pickle.loads(pickle.dumps(session)), copy.deepcopy(session),
+                  copy.copy(session)):
         out = run_rounds(clone, _resumed(P6, 5, 1))
         assert clone.session_id == session.session_id
         np.testing.assert_array_equal(out.counts.sum(), 48)
+    assert session.round == 1  # the copies' rounds did not touch it
     ref = run_rounds(session, _resumed(P6, 5, 1))
     np.testing.assert_array_equal(out.counts, ref.counts)
     np.testing.assert_array_equal(out.round_index, ref.round_index)

@@ -35,6 +35,7 @@ What a round does (for both estimator offsets, with the first-round baseline of
 
 from __future__ import annotations
 
+import copy
 import sys
 import threading
 import time
@@ -223,7 +224,8 @@ class RoundSession:
     each round's rewards before taking the next (:func:`run_rounds` is that loop).
 
     A session is a value: it holds arrays, its policy and its id, and can be pickled
-    and copied (``copy.deepcopy``) to checkpoint a step part-way. A copy is *detached*:
+    and copied (``copy.copy`` and ``copy.deepcopy`` both give an independent session)
+    to checkpoint a step part-way. A copy is *detached*:
     it does not report to the planner that started the original. The outcomes of a
     planner's session reach its tracker once per :attr:`session_id`: the original
     reports them when it ends, and a copy (or a session restored from a pickle) is
@@ -309,6 +311,11 @@ class RoundSession:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
+
+    def __copy__(self) -> RoundSession:
+        # A shallow copy would share the rounds' lists with the original, and recording
+        # in one would change the other: every copy is a whole, independent session.
+        return copy.deepcopy(self)
 
     # ------------------------------------------------------------ state
     @property
