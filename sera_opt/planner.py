@@ -356,6 +356,11 @@ class RolloutPlanner(LockedState):
         ``self``. A state saved before planners had a round policy of their own
         (format ``/2`` or ``/1``) plans its rounds with its policy, as it did then.
 
+        The round sessions the state still owed its tracker (``"open_rounds"``) are owed
+        again: finish each (restored from its own checkpoint) and hand it to
+        :meth:`observe_rounds`. Sessions opened before the load and not in the state are
+        no longer owed (the state predates them).
+
         A rejected state raises :class:`SeraOptError` and leaves the planner as it
         was. Options the state can only name (a solver that is not registered) are
         taken from the planner's current policy when it holds one of that name, or
