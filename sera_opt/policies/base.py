@@ -19,7 +19,6 @@ from ..problem import (
     validate_count,
     validate_offset,
     validate_real,
-    validate_success_probs,
 )
 from ..result import Allocation
 from ..rounds.session import DEFAULT_ROUNDS, ROUND_MODES
