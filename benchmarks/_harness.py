@@ -65,6 +65,9 @@ __all__ = [
     "format_interval",
     "paired_table",
     "plot_paired",
+    "CostGrid",
+    "at_cost",
+    "common_amounts",
 ]
 
 DEFAULT_OUT = Path("benchmark-results")
@@ -604,6 +607,67 @@ def arm_colors(labels: Iterable[str], fixed: dict[str, str] | None = None) -> di
         else:
             out[label] = next(spare, "0.3")
     return out
+
+
+# --------------------------------------------------------------------------- equal cost
+
+
+class CostGrid:
+    """Evaluate a training run at fixed amounts of what it has spent, not only at fixed steps.
+
+    ``grids`` maps a cost (``"cpu_s"``, ``"tokens"``, ``"calls"``) to increasing
+    amounts. After every step the run calls :meth:`step_end` with the cumulative
+    amounts spent so far; for each amount ``t`` crossed during that step, the
+    weights the run had *before* the step (the last ones reached within ``t``) are
+    evaluated with ``evaluate(state)``. ``snapshot()`` returns a copy of the
+    current weights. A state that several grids need is evaluated once. The
+    caller keeps the evaluations' time out of the run's CPU time.
+
+    ``points[cost]`` lists ``{"at": t, "step": s, "spent": amount at step s,
+    "value": evaluate(...)}`` for the amounts the run reached; an amount beyond
+    the run's end is never evaluated (no run is credited with a cost it did not
+    pay, nor with weights it did not reach).
+    """
+
+    def __init__(self, grids: dict[str, Sequence[float]], evaluate: Callable[[Any], Any],
+                 snapshot: Callable[[], Any]):
+        self.grids = {name: sorted(float(v) for v in values) for name, values in grids.items()}
+        self.evaluate = evaluate
+        self.snapshot = snapshot
+        self.points: dict[str, list[dict[str, Any]]] = {name: [] for name in self.grids}
+        self._previous = (0, {name: 0.0 for name in self.grids}, snapshot() if grids else None)
+
+    def step_end(self, step: int, spent: dict[str, float]) -> None:
+        """Record the end of optimizer step ``step`` with the cumulative ``spent`` amounts."""
+        if not self.grids:
+            return
+        before_step, before, state = self._previous
+        value = None
+        for name, grid in self.grids.items():
+            for t in grid:
+                if before[name] <= t < spent[name]:
+                    if value is None:
+                        value = self.evaluate(state)
+                    self.points[name].append({"at": t, "step": before_step,
+                                              "spent": before[name], "value": value})
+        self._previous = (step, {name: float(spent[name]) for name in self.grids},
+                          self.snapshot())
+
+
+def at_cost(points: list[dict[str, Any]], amount: float):
+    """The value a :class:`CostGrid` recorded at ``amount``, or None where the run did not
+    reach it."""
+    for point in points:
+        if point["at"] == amount:
+            return point["value"]
+    return None
+
+
+def common_amounts(grid: Sequence[float], runs_points: Iterable[list[dict[str, Any]]]
+                   ) -> list[float]:
+    """The amounts of ``grid`` that every run reached (where every pair is complete)."""
+    runs_points = list(runs_points)
+    return [t for t in grid if all(at_cost(points, t) is not None for points in runs_points)]
 
 
 # --------------------------------------------------------------------------- paired statistics

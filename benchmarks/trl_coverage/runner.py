@@ -17,12 +17,12 @@ start that every arm of a seed shares. The arms (:data:`~.train.ARMS`):
 Every arm has the same prompts per step, completions per step, optimizer and
 learning rate, and runs on one thread. Pass@1, pass@8 and pass@64 (unbiased,
 from ``eval_samples`` samples of each held-out problem) are evaluated at fixed
-steps and on a grid of CPU seconds (training and generation, evaluation taken
-out); per step the wall time, the time inside generation, generated tokens and
+steps and on grids of CPU seconds (training and generation, evaluation taken
+out), generated tokens and generation calls; per step the wall time, the time inside generation, generated tokens and
 generation calls are recorded. The summary pairs every arm with each baseline
 (``trl`` and ``sera:policy=uniform:rounds=1``) seed by seed, with 95 % t
-intervals, at the final step and at the grid's CPU times that every arm of every
-seed reached. Writes ``trl_coverage.json``, ``trl_coverage.png`` (pass@k
+intervals, at the final step and at the grids' amounts that every arm of every
+seed reached (equal CPU time; equal tokens and equal calls beside it). Writes ``trl_coverage.json``, ``trl_coverage.png`` (pass@k
 against steps and against CPU time, mean and min-max over seeds) and
 ``trl_coverage_paired.png``.
 
@@ -54,34 +54,23 @@ REPORT_KS = (1, 8, 64)
 
 def build_parser():
     parser = _harness.common_parser(NAME, __doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=_count, default=None,
+    parser.add_argument("--seeds", type=_harness.at_least(1), default=None,
                         help="number of seeds; seed i is SEED + i (default 10, --quick 1)")
-    parser.add_argument("--steps", type=_count, default=None,
+    parser.add_argument("--steps", type=_harness.at_least(1), default=None,
                         help="optimizer steps per arm")
     parser.add_argument("--arms", default=None,
                         help="comma-separated arms: trl and sera[:policy=NAME][:rounds=R]"
                              "[:first=N] (default: the five arms of the comparison)")
     parser.add_argument("--cpu-grid", type=_grid, default=None,
                         help="CPU seconds at which every arm is evaluated, comma-separated "
-                             "(default 5,10,...,60)")
-    parser.add_argument("--jobs", type=_count, default=1,
+                             "(default 10,20,...,60)")
+    parser.add_argument("--jobs", type=_harness.at_least(1), default=1,
                         help="runs in parallel, one process and one thread each (default 1; "
                              "results do not depend on it)")
     parser.add_argument("--merge", nargs="+", type=Path, default=None, metavar="JSON",
                         help="summarize the runs of earlier trl_coverage.json files (seed "
                              "shards of one configuration) instead of training")
     return parser
-
-
-def _count(text: str) -> int:
-    """An argparse type: a whole number of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
-    return value
 
 
 def _grid(text: str) -> tuple[float, ...]:
@@ -136,16 +125,15 @@ def run(cfg, out_dir: Path, *, base_seed: int = 0, jobs: int = 1, show: bool = T
 # --------------------------------------------------------------------------- summary
 
 
-def _at_cpu(run: dict, t: float):
-    for point in run["at_cpu"]:
-        if point["cpu_s"] == t:
-            return point["pass_at_k"]
-    return None
+#: The equal-cost grids: the configuration's field and the words of the tables.
+COSTS = {"cpu_s": ("cpu_grid_s", "CPU seconds"), "tokens": ("token_grid", "generated tokens"),
+         "calls": ("call_grid", "generation calls")}
 
 
-def _common_grid(cfg, runs: list[dict]) -> list[float]:
-    """The grid's CPU times that every run reached (so every pair is complete there)."""
-    return [t for t in cfg.cpu_grid_s if all(_at_cpu(r, t) is not None for r in runs)]
+def _common_grid(cfg, runs: list[dict], cost: str) -> list[float]:
+    """The grid's amounts of ``cost`` that every run reached (so every pair is complete)."""
+    return _harness.common_amounts(getattr(cfg, COSTS[cost][0]),
+                                   (r["at_cost"][cost] for r in runs))
 
 
 def _spread(rows) -> dict[str, Any]:
@@ -182,15 +170,17 @@ def summarize(cfg, seeds: list[int], runs: list[dict]) -> dict[str, Any]:
         if [r["seed"] for r in rows] != seeds:
             raise SeraOptError(f"arm {arm!r} has runs for seeds {[r['seed'] for r in rows]}, "
                                f"not for every seed {seeds}; run or merge the missing ones.")
-    grid = _common_grid(cfg, runs)
-    summary: dict[str, Any] = {"common_cpu_grid_s": grid, "arms": {}, "paired": {}}
+    grids = {cost: _common_grid(cfg, runs, cost) for cost in COSTS}
+    summary: dict[str, Any] = {"common_grids": grids, "arms": {}, "paired": {}}
     for arm, rows in by_arm.items():
         entry = {"final": _spread([r["final_pass_at_k"] for r in rows]), "cost": _cost(rows)}
         entry["at_steps"] = {int(p["step"]): _spread([[q for q in r["at_steps"]
                                                        if q["step"] == p["step"]][0]["pass_at_k"]
                                                       for r in rows])
                              for p in rows[0]["at_steps"]}
-        entry["at_cpu"] = {t: _spread([_at_cpu(r, t) for r in rows]) for t in grid}
+        entry["at_cost"] = {cost: {t: _spread([_harness.at_cost(r["at_cost"][cost], t)
+                                               for r in rows]) for t in grid}
+                            for cost, grid in grids.items()}
         summary["arms"][arm] = entry
     for base in BASELINES:
         if base not in by_arm:
@@ -203,11 +193,13 @@ def summarize(cfg, seeds: list[int], runs: list[dict]) -> dict[str, Any]:
                                                [r["final_pass_at_k"] for r in by_arm[base]])
             cell = {"final_step": final,
                     "final_step_at": _harness.paired_difference_at(final, REPORT_KS),
-                    "at_cpu": {}}
-            for t in grid:
-                paired = _harness.paired_difference([_at_cpu(r, t) for r in rows],
-                                                    [_at_cpu(r, t) for r in by_arm[base]])
-                cell["at_cpu"][t] = _harness.paired_difference_at(paired, REPORT_KS)
+                    "at_cost": {cost: {} for cost in COSTS}}
+            for cost, grid in grids.items():
+                for t in grid:
+                    paired = _harness.paired_difference(
+                        [_harness.at_cost(r["at_cost"][cost], t) for r in rows],
+                        [_harness.at_cost(r["at_cost"][cost], t) for r in by_arm[base]])
+                    cell["at_cost"][cost][t] = _harness.paired_difference_at(paired, REPORT_KS)
             against[arm] = cell
         summary["paired"][base] = against
     return summary
@@ -227,21 +219,22 @@ def _table(cfg, summary) -> str:
         lines.append(f"{arm:<{width}s}{cells}  {c['step_wall_s'] * 1e3:7.1f} "
                      f"{c['generate_s'] * 1e3:7.1f} {c['generation_calls_per_step']:6.1f} "
                      f"{c['generated_tokens_per_step']:7.0f} {c['cpu_time_s']:6.1f}")
-    grid = summary["common_cpu_grid_s"]
     for base, against in summary["paired"].items():
         if not against:
             continue
         lines += ["", f"at the final step ({cfg.steps}):",
                   _harness.paired_table({a: v["final_step_at"] for a, v in against.items()},
                                         baseline=base)]
-        if grid:
-            t = grid[-1]
-            lines += ["", f"at {t:g} CPU seconds (the last grid time every run reached):",
-                      _harness.paired_table({a: v["at_cpu"][t] for a, v in against.items()},
-                                            baseline=base)]
-        else:
-            lines += ["", "no grid time was reached by every run: no comparison at equal CPU "
-                          "time (lower --cpu-grid)"]
+        for cost, (_, words) in COSTS.items():
+            grid = summary["common_grids"][cost]
+            if grid:
+                t = grid[-1]
+                lines += ["", f"at {t:g} {words} (the grid's last amount every run reached):",
+                          _harness.paired_table({a: v["at_cost"][cost][t]
+                                                 for a, v in against.items()}, baseline=base)]
+            else:
+                lines.append(f"\nno amount of the {words} grid was reached by every run: no "
+                             f"comparison at equal {words}")
     return "\n".join(lines)
 
 
@@ -258,8 +251,9 @@ def plot(cfg, summary, out_dir: Path) -> list[Path]:
         for arm in cfg.arms:
             entry = summary["arms"][arm]
             for row, (points, label) in enumerate(((entry["at_steps"], "optimizer step"),
-                                                   (entry["at_cpu"], "CPU seconds (one thread, "
-                                                                     "evaluation excluded)"))):
+                                                   (entry["at_cost"]["cpu_s"],
+                                                    "CPU seconds (one thread, evaluation "
+                                                    "excluded)"))):
                 ax = axes[row][col]
                 xs = sorted(points)
                 if not xs:
@@ -332,8 +326,8 @@ def main(argv=None) -> int:
                "trl": sys.modules["trl"].__version__, "torch_threads": 1, "jobs": args.jobs,
                "cpu_time": "process CPU time of training and generation, one thread per run, "
                            "evaluations excluded",
-               "equal_time_method": "time-grid evaluation: pass@k of the weights each arm "
-                                    "had reached within t CPU seconds",
+               "equal_cost_method": "grid evaluation: pass@k of the weights each arm had "
+                                    "reached within t CPU seconds (tokens, calls)",
                **result, "summary": summary, "wall_time_s": time.perf_counter() - start}
     path = _harness.write_json(args.out, FILE, payload)
     paths = plot(cfg, summary, args.out)

@@ -74,8 +74,12 @@ class CoverageConfig:
     arms: tuple[str, ...] = ARMS
     # evaluation on the held-out problems
     eval_samples: int = 64
-    eval_every: int = 50
-    cpu_grid_s: tuple[float, ...] = tuple(float(t) for t in range(5, 65, 5))
+    eval_every: int = 100
+    # the equal-cost grids: CPU seconds (training and generation, one thread), generated
+    # tokens, generation calls; each arm is evaluated where it crosses one of them
+    cpu_grid_s: tuple[float, ...] = (10.0, 20.0, 30.0, 40.0, 50.0, 60.0)
+    token_grid: tuple[float, ...] = (60_000.0, 120_000.0, 180_000.0, 240_000.0)
+    call_grid: tuple[float, ...] = (100.0, 200.0, 400.0, 600.0)
     seeds: int = 10
 
     @property
@@ -104,8 +108,10 @@ class CoverageConfig:
             problems.append("eval_samples, steps and seeds must be positive")
         if self.n_embd % self.n_head:
             problems.append("n_embd must be a multiple of n_head")
-        if any(t <= 0 for t in self.cpu_grid_s) or list(self.cpu_grid_s) != sorted(self.cpu_grid_s):
-            problems.append("cpu_grid_s must be positive and increasing")
+        for name in ("cpu_grid_s", "token_grid", "call_grid"):
+            grid = list(getattr(self, name))
+            if any(t <= 0 for t in grid) or grid != sorted(set(grid)):
+                problems.append(f"{name} must be positive and increasing")
         if problems:
             raise SeraOptError("invalid trl-coverage configuration: " + "; ".join(problems) + ".")
         parse_arms(self.arms)
@@ -133,7 +139,8 @@ PRESETS: dict[str, CoverageConfig] = {
     "quick": CoverageConfig(max_digits=1, num_train=32, num_test=8, sft_steps=120,
                             sft_lr=3e-3, sft_batch=64, sft_check_every=20, steps=3,
                             prompts_per_step=4, rollouts_per_prompt=4, eval_samples=8,
-                            eval_every=2, cpu_grid_s=(0.01, 0.03), seeds=1),
+                            eval_every=2, cpu_grid_s=(0.01, 0.03), token_grid=(30.0, 60.0),
+                            call_grid=(1.0, 2.0), seeds=1),
 }
 
 
@@ -382,8 +389,9 @@ def run_arm(cfg: CoverageConfig, seed: int, arm_text: str, out_dir: Path) -> dic
     The record holds per step ``wall_s``, ``generate_s``, ``generated_tokens``,
     ``generation_calls``, ``reward_calls``, ``mean_reward`` and ``cpu_s`` (the
     cumulative CPU time of training and generation at the step's end), the
-    evaluations at fixed steps (``at_steps``) and on the CPU-time grid
-    (``at_cpu``), and the totals.
+    evaluations at fixed steps (``at_steps``) and on the equal-cost grids
+    (``at_cost``: CPU seconds, generated tokens, generation calls; see
+    :class:`sera_opt.benchmarks._harness.CostGrid`), and the totals.
     """
     torch = _setup(seed)
     from transformers import TrainerCallback
@@ -406,17 +414,21 @@ def run_arm(cfg: CoverageConfig, seed: int, arm_text: str, out_dir: Path) -> dic
         "mean_reward", "cpu_s")}
     at_steps: list[dict] = [{"step": 0, "cpu_s": 0.0,
                              "pass_at_k": saved["record"]["pass_at_k"]}]
-    at_cpu: list[dict] = []
     clock: dict[str, Any] = {"excluded": 0.0}
 
     def evaluate(state_dict) -> list[float]:
         evaluator.load_state_dict(state_dict)
         return _evaluate(evaluator, tokenizer, cfg, test, seed)["pass_at_k"]
 
+    def snapshot():
+        return copy.deepcopy(trainer.model.state_dict())
+
     class Measure(TrainerCallback):
         def on_train_begin(self, args, state, control, **kwargs):
+            clock["grid"] = _harness.CostGrid(
+                {"cpu_s": cfg.cpu_grid_s, "tokens": cfg.token_grid, "calls": cfg.call_grid},
+                evaluate, snapshot)
             clock["cpu_start"] = time.process_time()
-            clock["previous"] = (0.0, 0, copy.deepcopy(trainer.model.state_dict()))
 
         def on_step_begin(self, args, state, control, **kwargs):
             clock["wall"] = time.perf_counter()
@@ -438,16 +450,11 @@ def run_arm(cfg: CoverageConfig, seed: int, arm_text: str, out_dir: Path) -> dic
                                         / max(1, sum(s[0] for s in scored)))
             steps["cpu_s"].append(cpu)
             # Everything below is evaluation: its CPU time is taken out of the arm's.
-            before_cpu, before_step, before_state = clock["previous"]
-            for t in cfg.cpu_grid_s:
-                if before_cpu <= t < cpu:
-                    at_cpu.append({"cpu_s": t, "step": before_step, "state_cpu_s": before_cpu,
-                                   "pass_at_k": evaluate(before_state)})
-            current = copy.deepcopy(trainer.model.state_dict())
             step = int(state.global_step)
+            clock["grid"].step_end(step, {"cpu_s": cpu, "tokens": sum(steps["generated_tokens"]),
+                                          "calls": sum(steps["generation_calls"])})
             if step in cfg.eval_steps:
-                at_steps.append({"step": step, "cpu_s": cpu, "pass_at_k": evaluate(current)})
-            clock["previous"] = (cpu, step, current)
+                at_steps.append({"step": step, "cpu_s": cpu, "pass_at_k": evaluate(snapshot())})
             clock["excluded"] += time.process_time() - pause
 
     with tempfile.TemporaryDirectory(prefix="sera_bench_trl_coverage_") as output_dir:
@@ -457,7 +464,7 @@ def run_arm(cfg: CoverageConfig, seed: int, arm_text: str, out_dir: Path) -> dic
         trainer.train()
         wall = time.perf_counter() - wall_start
     return {"seed": seed, "arm": arm.label, "steps": steps, "at_steps": at_steps,
-            "at_cpu": at_cpu, "final_pass_at_k": at_steps[-1]["pass_at_k"],
+            "at_cost": clock["grid"].points, "final_pass_at_k": at_steps[-1]["pass_at_k"],
             "cpu_time_s": steps["cpu_s"][-1] if steps["cpu_s"] else 0.0,
             "wall_time_s": wall, "evaluation_cpu_s": clock["excluded"]}
 

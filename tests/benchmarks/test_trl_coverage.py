@@ -41,22 +41,26 @@ def test_the_quick_preset_runs_every_arm_and_records_its_costs(tmp_path):
         # The evaluations ran but were not counted as training time.
         assert run["evaluation_cpu_s"] > 0, arm
         assert [p["step"] for p in run["at_steps"]] == config["eval_steps"] == [0, 2, 3]
-        for point in run["at_cpu"]:
-            # The weights reached within t seconds: the last step end at or before t.
-            assert point["state_cpu_s"] <= point["cpu_s"], arm
-            later = [c for c in cpu if c <= point["cpu_s"]]
-            assert point["step"] == len(later), arm
-            assert len(point["pass_at_k"]) == config["eval_samples"]
+        spent = {"cpu_s": cpu, "tokens": np.cumsum(steps["generated_tokens"]),
+                 "calls": np.cumsum(steps["generation_calls"])}
+        for cost, points in run["at_cost"].items():
+            for point in points:
+                # The weights reached within the amount: the last step end at or before it.
+                assert point["spent"] <= point["at"], (arm, cost)
+                assert point["step"] == int((spent[cost] <= point["at"]).sum()), (arm, cost)
+                assert len(point["value"]) == config["eval_samples"]
     # Every arm of the seed started from the same warm start, evaluated once.
     assert len({json.dumps(run["at_steps"][0]) for run in runs.values()}) == 1
     summary = payload["summary"]
-    assert summary["common_cpu_grid_s"] == [0.01, 0.03]
+    assert summary["common_grids"] == {"cpu_s": [0.01, 0.03], "tokens": [30.0, 60.0],
+                                       "calls": [1.0, 2.0]}
     for base in trl_coverage.BASELINES:
         against = summary["paired"][base]
         assert set(against) == set(trl_coverage.ARMS) - {base}
         for cell in against.values():
             assert set(cell["final_step_at"]) == {"pass@1", "pass@8"}
-            assert set(cell["at_cpu"]) == {"0.01", "0.03"}
+            assert set(cell["at_cost"]["cpu_s"]) == {"0.01", "0.03"}
+            assert set(cell["at_cost"]["calls"]) == {"1.0", "2.0"}
     warm = list((tmp_path / "warm_starts").glob("seed0_*.pt"))
     assert len(warm) == 1
 
