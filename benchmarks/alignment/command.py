@@ -33,6 +33,7 @@ from .report import (
     verdict,
 )
 from .runner import run
+from .summary import demo_plot, demo_verdict
 
 
 def _parser(prog: str, description: str, *, for_demo: bool = False) -> argparse.ArgumentParser:
@@ -129,10 +130,16 @@ def demo(argv=None) -> int:
     print("Expected-estimator cosine versus uniform:")
     for line in verdict(payload, () if chosen else (f"{DEMO_DEFAULT}/tracker/corrected",)):
         print("  " + line)
+    default = None if chosen else DEMO_DEFAULT
+    written = ""
     if args.out is not None:
-        _harness.write_json(args.out, "demo", payload)
+        json_path = _harness.write_json(args.out, "demo", payload)
+        png_path = _harness.save_figure(demo_plot(payload, default), args.out, "demo")
+        written = f" Wrote {json_path} and {png_path}."
     t = payload["timings"]
     print(f"({time.perf_counter() - start:.1f} s: training {t['train_s']:.1f} s, first allocation "
           f"(numba compile or cache load) {t['first_allocate_s']:.1f} s. Full run with the peers: "
-          f"sera-opt bench alignment)")
+          f"sera-opt bench alignment.{written})")
+    print()
+    print(demo_verdict(payload, default))
     return 0
