@@ -19,6 +19,8 @@ from sera_opt.policies.core import SERAPolicy
 from sera_opt.separable import AlphaFairUtility
 from sera_opt.solvers.base import SOLVERS
 
+from .test_separable import closed_entry_counts, objectives_for, sorted_reference
+
 
 class _Counting(SERAPolicy):
     built = 0
@@ -106,8 +108,6 @@ def test_the_training_batch_kernel_equals_exhaustive_sort(seed, m, ties, identic
     tied gains)."""
     from sera_opt.kernels.kinds import CLOSED_FORM_KINDS, STEPWISE_MAX_SPARE
 
-    from .test_separable import closed_entry_counts, objectives_for, sorted_reference
-
     rng = np.random.default_rng(seed)
     lo = rng.integers(2, 4, m)
     hi = lo + rng.integers(0, 12, m)
@@ -126,3 +126,22 @@ def test_the_training_batch_kernel_equals_exhaustive_sort(seed, m, ties, identic
             closed_entry_counts("closed_solve", objective, budget, lo, hi),
             sorted_reference(objective, budget, lo, hi),
             err_msg=f"{type(objective).__name__}, {m} rows, spare {spare}")
+
+
+def test_the_planner_reads_a_batch_of_string_ids_once(monkeypatch):
+    """plan() hands one reading of the ids to the tracker's lookup and to the check for
+    repeated ids (reading a thousand string ids costs about as much as the solve); the
+    counts and the warning about repeated ids are those of separate readings."""
+    from sera_opt.tracking import index
+
+    ids = [f"prompt-{i}" for i in range(40)]
+    planner = sera_opt.RolloutPlanner()
+    planner.observe(np.repeat(ids, 3), np.tile([1.0, 0.0, 0.0], 40))
+    expected = planner.plan(ids, 320).counts
+    reads = []
+    real = index._strings_from_list
+    monkeypatch.setattr(index, "_strings_from_list", lambda items: reads.append(1) or real(items))
+    np.testing.assert_array_equal(planner.plan(ids, 320).counts, expected)
+    assert len(reads) == 1, f"the ids were read {len(reads)} times"
+    with pytest.warns(sera_opt.SeraOptWarning, match="repeats 1 prompt id"):
+        planner.plan(ids + ["prompt-0"], 328)

@@ -82,7 +82,11 @@ def _strings_from_list(items) -> np.ndarray:
 
 
 def parse_prompt_ids(prompt_ids) -> ParsedIds:
-    """Read one batch of ids (array-like of int or str) without touching any index."""
+    """Read one batch of ids (array-like of int or str) without touching any index. Ids
+    already read (a :class:`ParsedIds`) are returned as they are, so that a caller that
+    hands one batch to several lookups reads it once."""
+    if type(prompt_ids) is ParsedIds:
+        return prompt_ids
     if isinstance(prompt_ids, (str, bytes)):
         raise SeraOptError(
             "prompt_ids must be a sequence of ids (one per rollout or prompt), got a single "
