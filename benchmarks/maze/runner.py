@@ -19,7 +19,13 @@ All arms of a seed start from the same weights, see the same batches and spend
 the same number of rollouts per step. The result is the unbiased pass@k on the
 held-out mazes for k = 1..64, with its spread over seeds, the paired
 per-seed difference of every arm to uniform with a 95 % interval (paired t over
-seeds), and the training curves. Writes ``maze.json``, ``maze.png`` (pass@k)
+seeds), and the training curves. Beside equal steps, the arms are compared at
+equal cost: each step's CPU time (one thread, evaluations excluded), moves walked
+(the task's generated tokens) and walk calls (its generation calls, one per
+round) are recorded, and each arm is evaluated on the weights it had reached
+within fixed amounts of each (grid evaluation, ``cpu_grid_s``, ``move_grid``,
+``call_grid``); the summary pairs the arms with uniform at the amounts every run
+reached. Writes ``maze.json``, ``maze.png`` (pass@k)
 and ``maze_training.png``.
 
 Presets: ``--quick`` (under a minute), the default (16 seeds and the six arms
@@ -192,8 +198,50 @@ def summarize(config, warmups: list[dict], arms: list[dict]) -> dict:
             [[np.mean(r["curves"]["maze_success_rate"][-10:])] for r in runs])
         entry["by_path_length"] = _spread(
             [_by_path_length(config, r["test_successes"], paths[r["seed"]]) for r in runs])
+        entry["cost"] = _cost(runs)
         summary[arm] = entry
+    summary["equal_cost"] = _equal_cost(config, by_arm)
     return summary
+
+
+#: The equal-cost grids: the configuration's field and the words of the tables.
+COSTS = {"cpu_s": ("cpu_grid_s", "CPU seconds"), "moves": ("move_grid", "moves walked"),
+         "calls": ("call_grid", "walk calls")}
+
+
+def _cost(runs: list[dict]) -> dict[str, float]:
+    """What a step of the arm spends, means over its steps and seeds: CPU seconds (training
+    and walking, one thread, evaluations excluded), moves walked and walk calls."""
+    return {"cpu_s_per_step": float(np.mean([r["curves"]["cpu_s"][-1] / len(r["curves"]["cpu_s"])
+                                             for r in runs])),
+            "training_cpu_s": float(np.mean([r["curves"]["cpu_s"][-1] for r in runs])),
+            "moves_per_step": float(np.mean([np.mean(r["curves"]["moves"]) for r in runs])),
+            "calls_per_step": float(np.mean([np.mean(r["curves"]["walk_calls"]) for r in runs]))}
+
+
+def _equal_cost(config, by_arm: dict[str, list[dict]]) -> dict:
+    """pass@k at the grids' amounts every run reached (time-grid evaluation: the weights each
+    arm had reached within the amount), and each arm's paired difference to uniform there."""
+    runs = [r for rows in by_arm.values() for r in rows]
+    out = {"method": "grid evaluation: each arm is evaluated (eval_samples per held-out maze) "
+                     "on the weights it had reached within each amount"}
+    for cost, (field, _) in COSTS.items():
+        amounts = _harness.common_amounts(getattr(config, field),
+                                          (r["curves"]["at_cost"][cost] for r in runs))
+        entry = {"amounts": amounts, "pass_at_k": {}, "paired_vs_uniform_at": {}}
+        for arm, rows in by_arm.items():
+            values = {t: [_harness.at_cost(r["curves"]["at_cost"][cost], t) for r in rows]
+                      for t in amounts}
+            entry["pass_at_k"][arm] = {t: _spread(v) for t, v in values.items()}
+            if arm != "uniform":
+                base = {t: [_harness.at_cost(r["curves"]["at_cost"][cost], t)
+                            for r in by_arm["uniform"]] for t in amounts}
+                entry["paired_vs_uniform_at"][arm] = {
+                    t: _harness.paired_difference_at(
+                        _harness.paired_difference(values[t], base[t]), _harness.INTERVAL_KS)
+                    for t in amounts}
+        out[cost] = entry
+    return out
 
 
 def _table(config, summary) -> str:
@@ -208,8 +256,24 @@ def _table(config, summary) -> str:
         cells = "".join(f"  {s['mean'][k - 1]:.3f} [{s['min'][k - 1]:.3f},{s['max'][k - 1]:.3f}]"
                         for k in ks)
         lines.append(f"{arm:<{width}s}{cells}")
-    lines += ["", _harness.paired_table({arm: summary[arm]["paired_vs_uniform_at"]
-                                         for arm in config.arms if arm != "uniform"})]
+    lines += ["", f"at the final step ({config.steps}):",
+              _harness.paired_table({arm: summary[arm]["paired_vs_uniform_at"]
+                                     for arm in config.arms if arm != "uniform"})]
+    lines += ["", "cost per step (mean): CPU ms (one thread, evaluations excluded), moves "
+                  "walked, walk calls"]
+    for arm in config.arms:
+        c = summary[arm]["cost"]
+        lines.append(f"{arm:<{width}s}  {c['cpu_s_per_step'] * 1e3:8.1f}  "
+                     f"{c['moves_per_step']:9.0f}  {c['calls_per_step']:5.2f}")
+    for cost, (_, words) in COSTS.items():
+        entry = summary["equal_cost"][cost]
+        if not entry["amounts"]:
+            lines.append(f"no amount of the {words} grid was reached by every run")
+            continue
+        t = entry["amounts"][-1]
+        lines += ["", f"at {t:g} {words} (the grid's last amount every run reached):",
+                  _harness.paired_table({arm: cells[t] for arm, cells
+                                         in entry["paired_vs_uniform_at"].items()})]
     return "\n".join(lines)
 
 

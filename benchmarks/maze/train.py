@@ -27,6 +27,7 @@ parallel.
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import asdict, dataclass, replace
 
@@ -75,6 +76,13 @@ class MazeConfig:
     k_max: int = 64
     eval_every: int = 20
     curve_samples: int = 16
+    # Equal cost: each arm is also evaluated (eval_samples per held-out maze) where it
+    # crosses these amounts of CPU seconds (training and walking, one thread, evaluations
+    # excluded), moves walked (the task's generated tokens) and walk calls (generation
+    # calls: one per round), on the weights it had reached within each amount.
+    cpu_grid_s: tuple[float, ...] = (3.0, 6.0, 9.0)
+    move_grid: tuple[float, ...] = (400_000.0, 800_000.0)
+    call_grid: tuple[float, ...] = (50.0, 100.0, 150.0)
     # runs (16 seeds: the number the decision rule of docs/benchmarks.md fixes)
     seeds: int = 16
     device: str = "cpu"
@@ -99,6 +107,10 @@ class MazeConfig:
             problems.append(f"k_max={self.k_max} must lie in [1, eval_samples={self.eval_samples}]")
         if self.curve_samples < 1 or self.seeds < 1 or self.steps < 1:
             problems.append("curve_samples, seeds and steps must be positive")
+        for name in ("cpu_grid_s", "move_grid", "call_grid"):
+            grid = list(getattr(self, name))
+            if any(t <= 0 for t in grid) or grid != sorted(set(grid)):
+                problems.append(f"{name} must hold positive, increasing amounts")
         if "uniform" not in self.arms:
             problems.append(f"arms={self.arms} must include 'uniform', the baseline")
         if problems:
@@ -124,7 +136,8 @@ PRESETS: dict[str, MazeConfig] = {
     "default": MazeConfig(),
     "quick": MazeConfig(num_train=96, num_test=48, warmup_steps=20, steps=30,
                         mazes_per_step=16, eval_samples=64, eval_every=10, seeds=3,
-                        arms=("uniform", "sera", "sera-fair:alpha=1")),
+                        arms=("uniform", "sera", "sera-fair:alpha=1"), cpu_grid_s=(0.2, 0.4),
+                        move_grid=(20_000.0, 40_000.0), call_grid=(10.0, 20.0)),
     # Larger mazes for the same horizon and half the rollouts: many mazes stay
     # near zero success, the regime where max-min allocation is most exposed.
     "hard": MazeConfig(sizes=(4, 10), horizon=64, rollouts_per_maze=4),
@@ -134,7 +147,7 @@ PRESETS: dict[str, MazeConfig] = {
     "large": MazeConfig(sizes=(4, 12), num_train=2048, num_test=512, horizon=120,
                         hidden=256, warmup_steps=80, warmup_mazes=256, steps=1000,
                         mazes_per_step=128, lr=3e-4, eval_samples=256, eval_every=100,
-                        seeds=5),
+                        seeds=5, cpu_grid_s=(), move_grid=(), call_grid=()),
 }
 
 
@@ -315,11 +328,35 @@ def train_arm(policy, planner, train: MazeBatch, test: MazeBatch, config: MazeCo
                                "planned_diagnostics": [],
                                "eval_step": [], "eval_pass_at_1": [], "eval_pass_at_k_max": []}
 
+    # What each step spends: CPU seconds (evaluations taken out), moves walked (the task's
+    # generated tokens) and walk calls (the generation calls: one per round).
+    spent = {"cpu_s": 0.0, "moves": 0.0, "calls": 0.0}
+    for key in ("cpu_s", "step_wall_s", "moves", "walk_calls"):
+        curves[key] = []
+
     def walk(plan):
         env = MazeEnv(train, plan.row_prompt_ids, horizon=config.horizon,
                       view_radius=config.view_radius)
         log_probs, mask, success, _ = rollout(policy, env, generator)
+        spent["moves"] += float(mask.sum())
+        spent["calls"] += 1
         return log_probs, success.to(torch.float32), mask
+
+    evaluator = copy.deepcopy(policy)
+
+    def evaluate_state(state) -> list[float]:
+        evaluator.load_state_dict(state)
+        # The same evaluation stream at every point and in every arm (common random numbers).
+        grid_generator.manual_seed(grid_seed)
+        succ = evaluate(evaluator, test, config, grid_generator, samples=config.eval_samples)
+        return pass_at_k_curve(succ, config.eval_samples, config.k_max).tolist()
+
+    grid_generator = torch.Generator(device=config.device)
+    grid_seed = eval_generator.initial_seed() + 5_000  # the run's seed, not the arm's
+    grid = _harness.CostGrid(
+        {"cpu_s": config.cpu_grid_s, "moves": config.move_grid, "calls": config.call_grid},
+        evaluate_state, lambda: {k: v.detach().clone() for k, v in policy.state_dict().items()})
+    cpu_start, excluded = time.process_time(), 0.0
 
     in_rounds = spec is not None and (spec.rounds > 1 or spec.is_reinforce_ada)
     rule, cap = (spec.build_rule(num_prompts=config.mazes_per_step, budget=config.budget)
@@ -327,6 +364,7 @@ def train_arm(policy, planner, train: MazeBatch, test: MazeBatch, config: MazeCo
     steps = _harness.progress(range(config.steps), desc="MaxRL steps", total=config.steps,
                               enabled=show_progress)
     for step in steps:
+        step_wall, moves_before, calls_before = time.perf_counter(), spent["moves"], spent["calls"]
         ids = rng.choice(train.num_mazes, size=config.mazes_per_step, replace=False)
         # The estimates the planner allocates from, read before the step observes.
         estimates = np.asarray(planner.tracker.estimate(ids.tolist()), dtype=np.float64)
@@ -375,12 +413,22 @@ def train_arm(policy, planner, train: MazeBatch, test: MazeBatch, config: MazeCo
         curves["planned_diagnostics"].append(
             {k: float(planned[k]) for k in ("min_factor", "mean_factor", "weight_spread",
                                             "alignment_proxy")})
+        pause = time.process_time()
+        spent["cpu_s"] = pause - cpu_start - excluded
+        curves["cpu_s"].append(spent["cpu_s"])
+        curves["step_wall_s"].append(time.perf_counter() - step_wall)
+        curves["moves"].append(spent["moves"] - moves_before)
+        curves["walk_calls"].append(int(spent["calls"] - calls_before))
+        # Everything below is evaluation: its CPU time is taken out of the arm's.
+        grid.step_end(step + 1, spent)
         if config.eval_every and (step + 1) % config.eval_every == 0:
             succ = evaluate(policy, test, config, eval_generator, samples=config.curve_samples)
             curve = pass_at_k_curve(succ, config.curve_samples, config.curve_samples)
             curves["eval_step"].append(step + 1)
             curves["eval_pass_at_1"].append(float(curve[0]))
             curves["eval_pass_at_k_max"].append(float(curve[-1]))
+        excluded += time.process_time() - pause
+    curves["at_cost"] = grid.points
     return curves
 
 

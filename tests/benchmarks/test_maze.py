@@ -725,3 +725,65 @@ def test_reinforce_ada_arms_train_in_the_maze(tmp_path):
             step[f"round_{r}_budget"] for r in range(int(step["rounds"]))) <= budget
         assert "mean_scale" not in step
     assert all(step["round_0_budget"] == 16 * 8 for step in own)  # rounds of 8 per maze
+
+
+def test_cost_grid_evaluates_the_weights_reached_within_each_amount():
+    from sera_opt.benchmarks._harness import CostGrid, at_cost, common_amounts
+
+    weights = {"w": 0}
+    evaluated = []
+
+    def evaluate(state):
+        evaluated.append(state["w"])
+        return state["w"]
+
+    grid = CostGrid({"cpu_s": [0.5, 2.0, 2.5, 9.0], "calls": [1.0, 4.0]}, evaluate,
+                    lambda: dict(weights))
+    for step, (cpu, calls) in enumerate([(1.0, 4.0), (3.0, 8.0)], start=1):
+        weights["w"] = step  # the step's update
+        grid.step_end(step, {"cpu_s": cpu, "calls": calls})
+    # 0.5 s and 1 call were crossed in step 1: the warm start is what was reached by then;
+    # 2.0 s, 2.5 s and 4 calls in step 2 (4 calls were spent exactly at step 1's end).
+    assert [(p["at"], p["step"], p["value"]) for p in grid.points["cpu_s"]] == [
+        (0.5, 0, 0), (2.0, 1, 1), (2.5, 1, 1)]
+    assert [(p["at"], p["step"], p["spent"]) for p in grid.points["calls"]] == [
+        (1.0, 0, 0.0), (4.0, 1, 4.0)]
+    assert evaluated == [0, 1]  # one evaluation per state, whatever number of grids need it
+    assert at_cost(grid.points["cpu_s"], 9.0) is None  # never reached: no value
+    other = [{"at": 0.5, "value": 1}]
+    assert common_amounts([0.5, 2.0, 9.0], [grid.points["cpu_s"], other]) == [0.5]
+
+
+def test_each_arm_records_what_its_steps_spend_and_its_equal_cost_points():
+    from sera_opt.benchmarks import maze
+
+    config = _tiny_config(arms=("uniform", "uniform:rounds=2"), seeds=1,
+                          cpu_grid_s=(1e-6, 1e3), move_grid=(1.0, 1e9), call_grid=(2.0, 3.0))
+    result = maze.run(config, show_progress=False)
+    runs = {r["arm"]: r["curves"] for r in result["runs"]}
+    assert runs["uniform"]["walk_calls"] == [1] * 4
+    assert runs["uniform:rounds=2"]["walk_calls"] == [2] * 4
+    for arm, curves in runs.items():
+        cpu = np.asarray(curves["cpu_s"])
+        assert len(cpu) == 4 and (np.diff(cpu) > 0).all() and cpu[0] > 0, arm
+        # Every rollout walks at least one move and at most the horizon.
+        budget = config.budget
+        assert all(budget <= m <= budget * config.horizon for m in curves["moves"]), arm
+        spent = {"cpu_s": cpu, "moves": np.cumsum(curves["moves"]),
+                 "calls": np.cumsum(curves["walk_calls"])}
+        for cost, points in curves["at_cost"].items():
+            for point in points:
+                assert point["step"] == int((spent[cost] <= point["at"]).sum()), (arm, cost)
+                assert len(point["value"]) == config.k_max
+        # The first amounts were crossed in the first step, the last never.
+        assert [p["at"] for p in curves["at_cost"]["cpu_s"]] == [1e-6]
+        assert [p["at"] for p in curves["at_cost"]["moves"]] == [1.0]
+    # Within 2 and 3 calls the static plan reached steps 2 and 3, two rounds a step step 1.
+    assert [p["step"] for p in runs["uniform"]["at_cost"]["calls"]] == [2, 3]
+    assert [p["step"] for p in runs["uniform:rounds=2"]["at_cost"]["calls"]] == [1, 1]
+    # The warm start, evaluated at the first amounts, is the same weights in every arm.
+    first = [r["at_cost"]["moves"][0]["value"] for r in runs.values()]
+    assert first[0] == first[1]
+    equal = result["summary"]["equal_cost"]
+    assert equal["cpu_s"]["amounts"] == [1e-6] and equal["calls"]["amounts"] == [2.0, 3.0]
+    assert set(equal["calls"]["paired_vs_uniform_at"]) == {"uniform:rounds=2"}
