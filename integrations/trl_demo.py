@@ -2,7 +2,13 @@
 
 Trains a randomly initialised 2-layer GPT-2 with a character-level tokenizer (both
 built in code) on the "copy a digit" task of :mod:`sera_opt.integrations._trl_tiny`
-for a few optimizer steps, and prints one JSON line per step::
+for a few optimizer steps. It prints a header (the setting, and what each column
+means), one line per step and a summary::
+
+    step  reward    loss  min_factor  alignment  mean_scale  counts per prompt  per round
+       1   0.250  -0.069       0.704      1.000       0.714  4 4 4 4            8+3+3+2
+
+``--json`` prints one JSON line per step instead, and nothing else::
 
     {"step": 1, "prompts": [...], "allocated_counts": [...], "generated_counts": [...],
      "loss": ..., "reward": ..., "planned_min_factor": ..., ...}
@@ -11,13 +17,20 @@ for a few optimizer steps, and prints one JSON line per step::
 ``generated_counts`` the completions the generation backend returned for each of
 them; the demo exits with status 1 if they ever differ.
 
+The ``loss`` is TRL's: the clipped surrogate at ratio 1, whose value is minus the
+token-weighted mean advantage. MaxRL's advantages are centred on a baseline (the
+prompt's success rate; with rounds, the first round's), so the value stays near 0
+and is exactly 0.0 when they cancel, while its gradient is not 0: the printed loss
+is not a measure of progress, and a 0.0 is not a bug.
+
 Each step's completions are generated in ``--rounds R`` calls (default: the
 trainer's, 4 rounds: a first look, then the rest of the same budget where the
 planner sends it; ``--rounds 1``: one call); with R >= 2 each line also carries
 ``rounds`` (the rounds used), ``round_budgets`` (completions per round) and
 ``round_counts`` (per round, each prompt's completions).
 
-Run: ``python -m sera_opt.integrations.trl_demo [--steps 6] [--loss-type dapo] [--rounds 1]``.
+Run: ``python -m sera_opt.integrations.trl_demo [--steps 6] [--loss-type dapo] [--rounds 1]``
+(``--json`` for the raw lines).
 Nothing is downloaded (``HF_HUB_OFFLINE=1`` is set before transformers loads).
 """
 
@@ -92,7 +105,70 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--learning-rate", type=float, default=3e-3)
+    parser.add_argument("--json", action="store_true",
+                        help="one JSON line per step (every field), and nothing else")
     return parser
+
+
+LEGEND = """\
+reward      mean reward of the step's completions (1: the digit copied)
+loss        TRL's loss: the clipped surrogate at ratio 1, minus the token-weighted mean advantage.
+            MaxRL's advantages are centred on a baseline, so it stays near 0 and is exactly 0.0
+            when they cancel; its gradient is not 0. Not a measure of progress: watch reward.
+min_factor  the smallest attenuation factor w_c(p_i, n_i) of the step's prompts, p_i estimated
+            from the batch (1: the prompt's gradient arrives at full scale); SERA raises it
+alignment   cosine of the batch's prompt weighting with equal weights (alignment_proxy; 1: every
+            prompt counts the same, docs/estimator.md "Diagnostics")
+mean_scale  mean expected scale of the prompts' likelihood gradients under the rounds drawn
+            (RoundResult.factors; 1 is the most a prompt can get)
+counts      completions per prompt, as allocated and as generated (always equal)"""
+
+
+def _header(options, max_rollouts: int, rounds_text: str) -> str:
+    return (
+        "SERA rollout allocation + MaxRL advantages inside TRL's GRPOTrainer: a 2-layer GPT-2\n"
+        "built in code learns to copy a digit (offline, CPU).\n"
+        f"{options.steps} steps; {options.prompts_per_step} prompts a step, "
+        f"{options.prompts_per_step * options.num_generations} completions a step "
+        f"({options.num_generations} per prompt on average, at most {max_rollouts}),\n"
+        f"{rounds_text}; estimator {options.estimator}, loss_type {options.loss_type}.\n\n"
+        f"{LEGEND}\n"
+    )
+
+
+_COLUMNS = (f"{'step':>4}  {'reward':>6}  {'loss':>6}  {'min_factor':>10}  {'alignment':>9}  "
+            f"{'mean_scale':>10}  {'counts per prompt':<17}  per round")
+
+
+def _row(line: dict) -> str:
+    def number(key):
+        value = line.get(key)
+        return "-" if value is None else f"{value:.3f}"
+
+    counts = " ".join(str(c) for c in line["allocated_counts"])
+    rounds = "+".join(str(b) for b in line.get("round_budgets", [sum(line["allocated_counts"])]))
+    return (f"{line['step']:>4}  {line['reward']:6.3f}  {line['loss']:6.3f}  "
+            f"{number('min_factor'):>10}  {number('alignment_proxy'):>9}  "
+            f"{number('mean_scale'):>10}  {counts:<17}  {rounds}")
+
+
+def _summary(lines: list[dict]) -> str:
+    if not lines:
+        return "Summary: no step was logged."
+    bad = [line["step"] for line in lines if not line["counts_match"]]
+    total = sum(sum(line["generated_counts"]) for line in lines)
+    rewards = [line["reward"] for line in lines]
+    half = max(1, len(lines) // 2)
+    factors = [line["min_factor"] for line in lines if "min_factor" in line]
+    text = (f"Summary: {len(lines)} steps, {total} completions; "
+            + ("every step generated exactly the allocated counts" if not bad else
+               f"steps {bad} generated other counts than allocated (a bug: please report it)")
+            + f"; mean reward {sum(rewards) / len(rewards):.3f} (first {half} steps "
+            f"{sum(rewards[:half]) / half:.3f}, last {len(lines) - half} "
+            f"{sum(rewards[half:]) / max(1, len(lines) - half):.3f})")
+    if factors:
+        text += f"; smallest min_factor {min(factors):.3f}"
+    return text + ". A few steps of a random tiny model show the plumbing, not learning."
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -147,6 +223,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     rows = options.prompts_per_step * options.num_generations
     state = {"ok": True}
+    logged: list[dict] = []
+    if not options.json:
+        rounds = options.rounds or sera_opt.rounds.DEFAULT_ROUNDS
+        rounds_text = ("drawn in one generation call" if rounds == 1 else
+                       f"drawn in up to {rounds} generation rounds (a first look at every prompt, "
+                       f"then the rest of the budget where it is needed)")
+        print(_header(options, max_rollouts, rounds_text))
+        print(_COLUMNS)
 
     with tempfile.TemporaryDirectory(prefix="sera_trl_demo_") as output_dir:
         config = GRPOConfig(
@@ -191,7 +275,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for key in _LOGGED_DIAGNOSTICS:
                     if f"sera/{key}" in logs:
                         line[key] = round(float(logs[f"sera/{key}"]), 6)
-                print(json.dumps(line), flush=True)
+                logged.append(line)
+                print(json.dumps(line) if options.json else _row(line), flush=True)
 
         trainer = SeraGRPOTrainer(
             model=model,
@@ -205,9 +290,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             first_round=options.first_round,
             callbacks=[_PrintSteps()],
         )
-        # Only the JSON lines go to stdout (PrinterCallback would print every log dict).
+        # Only the demo's lines go to stdout (PrinterCallback would print every log dict).
         trainer.remove_callback(PrinterCallback)
         trainer.train()
+    if not options.json:
+        print()
+        print(_summary(logged))
     return 0 if state["ok"] else 1
 
 

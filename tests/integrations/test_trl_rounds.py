@@ -432,7 +432,7 @@ def test_demo_prints_the_rounds_beside_equal_counts(capsys, rounds):
 
     from sera_opt.integrations import trl_demo
 
-    assert trl_demo.main(["--steps", "2", "--rounds", str(rounds)]) == 0
+    assert trl_demo.main(["--steps", "2", "--rounds", str(rounds), "--json"]) == 0
     lines = [
         json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")
     ]
