@@ -6,6 +6,7 @@ import ast
 import os
 import shlex
 import shutil
+import site
 import subprocess
 import sys
 import venv
@@ -366,6 +367,38 @@ def _recorded(site: Path) -> set[Path]:
     return {(site / row.split(",")[0]).resolve() for row in rows if row}
 
 
+def _nested_environment(env_dir: Path) -> str:
+    """A virtual environment to install the checkout into, which sees the packages of the
+    environment running the tests (numpy, numba, pip, setuptools) whatever that is: a
+    venv, conda, a system Python. ``system_site_packages=True`` would not do: from inside
+    a venv it sees the base interpreter's packages, not the venv's. Returns its python."""
+    venv.EnvBuilder(with_pip=False).create(env_dir)
+    outer = [path for path in (*site.getsitepackages(),
+                               site.getusersitepackages() if site.ENABLE_USER_SITE else "")
+             if path and Path(path).is_dir()]
+    assert outer, "the running environment has no site-packages folder"
+    # Plain paths, appended after the environment's own site-packages: the outer .pth
+    # files (an editable install of this checkout among them) are not run.
+    (_site_packages(env_dir) / "_outer_environment.pth").write_text("\n".join(outer) + "\n")
+    return str(_venv_python(env_dir))
+
+
+def _can_build_offline(python: str) -> bool:
+    """Whether the build requirements (pyproject's [build-system]) are importable, so that
+    pip can build without an index (``--no-build-isolation``)."""
+    probe = ("import importlib.util, sys, setuptools\n"
+             "major = int(setuptools.__version__.split('.')[0])\n"
+             "sys.exit(0 if major >= 68 and importlib.util.find_spec('wheel') else 1)\n")
+    return subprocess.run([python, "-c", probe], capture_output=True).returncode == 0
+
+
+def _pip(python: str, args: list, env: dict, cwd: Path) -> None:
+    result = subprocess.run([python, "-m", "pip", *args], capture_output=True, text=True, env=env,
+                            cwd=cwd, timeout=900)
+    assert result.returncode == 0, (f"pip {' '.join(map(str, args))} failed "
+                                    f"({result.returncode}):\n{result.stdout}\n{result.stderr}")
+
+
 @pytest.mark.slow
 def test_an_editable_install_over_a_used_regular_install_imports_from_anywhere(tmp_path):
     """README's two commands, one after the other in one environment: a regular
@@ -374,38 +407,46 @@ def test_an_editable_install_over_a_used_regular_install_imports_from_anywhere(t
     site-packages."""
     if shutil.which("git") is None or not (ROOT / ".git").exists():
         pytest.skip("needs the git checkout to copy its tracked files")
+    outer_regular = [Path(path) / "sera_opt" for path in site.getsitepackages()
+                     if (Path(path) / "sera_opt" / "__init__.py").is_file()]
+    if outer_regular:
+        pytest.skip(f"a regular install of sera_opt in the running environment "
+                    f"({outer_regular[0]}) would shadow the editable one under test; run the "
+                    f"tests from an editable install (README's test command)")
     checkout = tmp_path / "checkout"
-    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True,
-                           check=True).stdout.decode().split("\0")
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                           cwd=ROOT, capture_output=True, check=True).stdout.decode().split("\0")
     for name in filter(None, files):
         source = ROOT / name
         if source.is_file():
             (checkout / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, checkout / name)
     env_dir = tmp_path / "venv"
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
-    python = str(_venv_python(env_dir))
+    python = _nested_environment(env_dir)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = _env(HOME=str(tmp_path / "home"), XDG_CACHE_HOME=str(tmp_path / "home" / ".cache"),
-               PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INDEX="1")
-    pip = [python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation"]
+               PIP_DISABLE_PIP_VERSION_CHECK="1")
+    install = ["install", "-q", "--no-deps"]
+    if _can_build_offline(python):
+        install.append("--no-build-isolation")
+        env["PIP_NO_INDEX"] = "1"
+    # else pip fetches the build requirements from the index the environment is configured with
 
-    subprocess.run([*pip, str(checkout)], check=True, env=env, capture_output=True, cwd=elsewhere)
-    site = _site_packages(env_dir)
+    _pip(python, [*install, str(checkout)], env, elsewhere)
+    site_dir = _site_packages(env_dir)
     used = subprocess.run(
         [python, "-c", "import sera_opt\nassert 'site-packages' in sera_opt.__file__, "
                        "sera_opt.__file__\n" + ALLOCATE],
         capture_output=True, text=True, env=env, cwd=elsewhere, timeout=600)
     assert used.returncode == 0 and used.stdout == "[2, 6, 16]\n", used.stderr
-    installed = {p.resolve() for p in (site / "sera_opt").rglob("*") if p.is_file()}
-    unrecorded = {p for p in installed - _recorded(site) if p.suffix != ".pyc"}
+    installed = {p.resolve() for p in (site_dir / "sera_opt").rglob("*") if p.is_file()}
+    unrecorded = {p for p in installed - _recorded(site_dir) if p.suffix != ".pyc"}
     assert not unrecorded, f"files under site-packages that pip does not know: {sorted(unrecorded)}"
     assert _cache_files(tmp_path / "home" / ".cache" / "sera_opt"), "the kernels were not cached"
 
-    subprocess.run([*pip, "-e", str(checkout)], check=True, env=env, capture_output=True,
-                   cwd=elsewhere)
-    assert not (site / "sera_opt").exists(), "the regular install left sera_opt/ behind"
+    _pip(python, [*install, "-e", str(checkout)], env, elsewhere)
+    assert not (site_dir / "sera_opt").exists(), "the regular install left sera_opt/ behind"
     check = subprocess.run(
         [python, "-c", "import sera_opt; print(sera_opt.__file__); print(sera_opt.allocate)"
                        "; print(sera_opt.ESTIMATORS)"],
