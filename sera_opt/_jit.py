@@ -100,7 +100,15 @@ def point_cache(dispatcher, directory) -> None:
     from numba.core.caching import NullCache
 
     if directory is None:
-        dispatcher._cache = NullCache()
+        cache = NullCache()
+        load = cache.load_overload
+
+        def load_overload(sig, target_context):
+            _kernel_cache.mark_loaded()  # compiled in memory: the choice is made
+            return load(sig, target_context)
+
+        cache.load_overload = load_overload
+        dispatcher._cache = cache
         return
     with _numba_cache_dir(str(directory)):
         dispatcher.enable_caching()
