@@ -188,6 +188,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if options.num_prompts < options.prompts_per_step:
         print("--num-prompts must be at least --prompts-per-step", file=sys.stderr)
         return 2
+    if not 0 <= options.seed < 2**32:
+        print("--seed must be a whole number from 0 to 2**32 - 1", file=sys.stderr)
+        return 2
+    if options.max_rollouts is not None and options.max_rollouts < options.num_generations:
+        print("--max-rollouts must be at least --num-generations (the mean count)",
+              file=sys.stderr)
+        return 2
+    if not (options.learning_rate > 0 and options.learning_rate < float("inf")):
+        print("--learning-rate must be a finite number above 0", file=sys.stderr)
+        return 2
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -36,3 +36,13 @@ def test_the_demo_keeps_its_raw_lines_under_json(capsys):
     assert trl_demo.main(["--steps", "1", "--json"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 1 and json.loads(lines[0])["step"] == 1
+
+
+@pytest.mark.parametrize("args", [["--seed", "-1"], ["--max-rollouts", "1"],
+                                  ["--learning-rate", "0"], ["--learning-rate", "nan"]])
+def test_the_demo_refuses_bad_numbers_before_any_work(args, capsys):
+    from sera_opt.integrations import trl_demo
+
+    assert trl_demo.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and args[0] in err, err
