@@ -68,6 +68,8 @@ __all__ = [
     "CostGrid",
     "at_cost",
     "common_amounts",
+    "equal_cost_summary",
+    "equal_cost_table",
 ]
 
 DEFAULT_OUT = Path("benchmark-results")
@@ -668,6 +670,56 @@ def common_amounts(grid: Sequence[float], runs_points: Iterable[list[dict[str, A
     """The amounts of ``grid`` that every run reached (where every pair is complete)."""
     runs_points = list(runs_points)
     return [t for t in grid if all(at_cost(points, t) is not None for points in runs_points)]
+
+
+def equal_cost_summary(grids: dict[str, Sequence[float]],
+                       points_by_arm: dict[str, list[dict[str, list]]], *,
+                       baseline: str = "uniform", ks: Iterable[int] = (1, 16, 64)
+                       ) -> dict[str, Any]:
+    """The arms at equal cost: for each cost, the amounts of its grid that every run reached,
+    each arm's pass@k there (mean, min, max over seeds) and its paired difference to
+    ``baseline`` (:func:`paired_difference_at` at ``ks``).
+
+    ``points_by_arm[arm]`` lists, seed by seed in the same order for every arm, a run's
+    :attr:`CostGrid.points` whose values are pass@k curves.
+    """
+    runs = [points for rows in points_by_arm.values() for points in rows]
+    out: dict[str, Any] = {"baseline": baseline,
+                           "method": "grid evaluation: each arm is evaluated on the weights it "
+                                     "had reached within each amount"}
+    for cost, grid in grids.items():
+        amounts = common_amounts(grid, (points[cost] for points in runs))
+        entry: dict[str, Any] = {"amounts": amounts, "pass_at_k": {}, "paired_at": {}}
+        for arm, rows in points_by_arm.items():
+            values = {t: np.asarray([at_cost(p[cost], t) for p in rows], dtype=np.float64)
+                      for t in amounts}
+            entry["pass_at_k"][arm] = {t: {"mean": v.mean(axis=0), "min": v.min(axis=0),
+                                           "max": v.max(axis=0)} for t, v in values.items()}
+            if arm != baseline and baseline in points_by_arm:
+                base = {t: [at_cost(p[cost], t) for p in points_by_arm[baseline]]
+                        for t in amounts}
+                entry["paired_at"][arm] = {
+                    t: paired_difference_at(paired_difference(values[t], base[t]), ks)
+                    for t in amounts}
+        out[cost] = entry
+    return out
+
+
+def equal_cost_table(summary: dict[str, Any], words: dict[str, str]) -> str:
+    """The paired tables of :func:`equal_cost_summary` at each cost's last common amount;
+    ``words[cost]`` names the cost (``"CPU seconds"``)."""
+    lines = []
+    for cost, name in words.items():
+        entry = summary[cost]
+        if not entry["amounts"]:
+            lines += ["", f"no amount of the {name} grid was reached by every run: no comparison "
+                          f"at equal {name}"]
+            continue
+        t = entry["amounts"][-1]
+        lines += ["", f"at {t:g} {name} (the grid's last amount every run reached):",
+                  paired_table({arm: cells[t] for arm, cells in entry["paired_at"].items()},
+                               baseline=summary["baseline"])]
+    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- paired statistics

@@ -105,7 +105,31 @@ def _summary(cfg: ExperimentConfig, runs: list[dict]) -> dict[str, Any]:
             for k in (1, 4, 16, cfg.max_k) if k <= cfg.max_k
         }
     summary["table_mean_std"] = table
+    for name in cfg.policies:
+        summary[name]["cost"] = _cost([run["policies"][name] for run in runs])
+    summary["equal_cost"] = _harness.equal_cost_summary(
+        {cost: getattr(cfg, field) for cost, (field, _) in COSTS.items()},
+        {name: [run["policies"][name]["curves"]["at_cost"] for run in runs]
+         for name in cfg.policies}, ks=_harness.INTERVAL_KS)
     return summary
+
+
+#: The equal-cost grids: the configuration's field and the words of the tables.
+COSTS = {"cpu_s": ("cpu_grid_s", "CPU seconds"), "tokens": ("token_grid", "generated tokens"),
+         "calls": ("call_grid", "generation calls")}
+
+
+def _cost(records: list[dict]) -> dict[str, float]:
+    """What a step of the policy spends, means over its steps and seeds: CPU seconds
+    (training and sampling, evaluations excluded), generated tokens, generation calls."""
+    curves = [r["curves"] for r in records]
+    return {"cpu_s_per_step": float(np.mean([c["cpu_s"][-1] / len(c["cpu_s"]) for c in curves
+                                             if c["cpu_s"]])),
+            "training_cpu_s": float(np.mean([c["cpu_s"][-1] for c in curves if c["cpu_s"]])),
+            "tokens_per_step": float(np.mean([np.mean(c["tokens"]) for c in curves
+                                              if c["tokens"]])),
+            "calls_per_step": float(np.mean([np.mean(c["generation_calls"]) for c in curves
+                                             if c["generation_calls"]]))}
 
 
 # --------------------------------------------------------------------------- plots
@@ -294,6 +318,15 @@ def _print_table(cfg: ExperimentConfig, payload: dict) -> None:
     print()
     print(_harness.paired_table({name: summary[name]["paired_vs_uniform_at"]
                                  for name in cfg.policies if name != "uniform"}))
+    print()
+    print("cost per step (mean): CPU ms (evaluations excluded), generated tokens, "
+          "generation calls")
+    for name in cfg.policies:
+        c = summary[name]["cost"]
+        print(f"{name:<{width}}  {c['cpu_s_per_step'] * 1e3:8.1f}  {c['tokens_per_step']:8.0f}  "
+              f"{c['calls_per_step']:5.2f}")
+    print(_harness.equal_cost_table(summary["equal_cost"],
+                                    {cost: words for cost, (_, words) in COSTS.items()}))
     print(f"wall time {payload['wall_time_s']:.0f} s, CPU time {payload['cpu_time_s']:.0f} s, "
           f"on {payload['device']} ({payload['threads']} thread(s))")
 

@@ -71,6 +71,13 @@ class ExperimentConfig:
     max_k: int = 64
     curve_every: int = 25
     curve_samples: int = 8
+    # Equal cost: each policy is also evaluated (eval_samples per held-out problem) where it
+    # crosses these amounts of CPU seconds (training and sampling, evaluations excluded),
+    # generated tokens (up to each completion's end marker) and generation calls (one per
+    # round), on the weights it had reached within each amount.
+    cpu_grid_s: tuple[float, ...] = (8.0, 16.0)
+    token_grid: tuple[float, ...] = (150_000.0, 300_000.0)
+    call_grid: tuple[float, ...] = (100.0, 400.0)
     # 10 seeds: the number the decision rule of docs/benchmarks.md fixes
     seeds: int = 10
 
@@ -110,6 +117,10 @@ class ExperimentConfig:
             )
         if self.seeds < 1 or self.rl_steps < 0 or self.sft_steps < 0:
             raise SeraOptError("seeds must be positive and step counts non-negative.")
+        for name in ("cpu_grid_s", "token_grid", "call_grid"):
+            grid = list(getattr(self, name))
+            if any(t <= 0 for t in grid) or grid != sorted(set(grid)):
+                raise SeraOptError(f"{name} must hold positive, increasing amounts; got {grid}.")
         if "uniform" not in self.policies:
             raise SeraOptError("policies must include 'uniform', the baseline of the comparison.")
         # Every policy must build and allocate with these bounds before anything trains.
@@ -131,13 +142,15 @@ PRESETS: dict[str, ExperimentConfig] = {
     "default": ExperimentConfig(),
     "quick": ExperimentConfig(
         num_train=128, num_test=64, sft_steps=600, rl_steps=40, prompts_per_step=16,
-        curve_every=10, curve_samples=4, seeds=1,
+        curve_every=10, curve_samples=4, seeds=1, cpu_grid_s=(0.5, 1.0),
+        token_grid=(10_000.0, 20_000.0), call_grid=(10.0, 40.0),
         policies=("uniform", "sera", "sera-fair:alpha=1"),
     ),
     "large": ExperimentConfig(
         max_digits=5, num_train=4096, num_test=1024, d_model=128, n_layers=4,
         sft_steps=4000, sft_batch=256, rl_steps=1000, prompts_per_step=128,
         max_rollouts=64, eval_samples=256, curve_every=50, curve_samples=16, seeds=5,
+        cpu_grid_s=(), token_grid=(), call_grid=(),
         policies=("uniform", "sera-fair:alpha=1", "sera", "hora", "sera-bayes"),
     ),
 }
@@ -333,12 +346,40 @@ def train_maxrl(model, tokenizer, cfg: ExperimentConfig, train, test, policy: st
         checkpoints["pass_at_1"].append(float(curve[0]))
         checkpoints["pass_at_max"].append(float(curve[-1]))
 
+    # What each step spends: CPU seconds (evaluations taken out), tokens generated up to
+    # each completion's end marker, and generation calls (one per round).
+    spent = {"cpu_s": 0.0, "tokens": 0.0, "calls": 0.0}
+    for key in ("cpu_s", "step_wall_s", "tokens", "generation_calls"):
+        curves[key] = []
+    evaluator = copy.deepcopy(model)
+
+    def evaluate_state(state) -> list[float]:
+        evaluator.load_state_dict(state)
+        gen = _device_generator(device, seed * 1000 + 41)  # the final evaluation's stream
+        correct = count_correct(evaluator, tokenizer, test, cfg.eval_samples, gen, cfg, device)
+        return pass_at_k_curve(correct, cfg.eval_samples, cfg.max_k).tolist()
+
+    grid = _harness.CostGrid(
+        {"cpu_s": cfg.cpu_grid_s, "tokens": cfg.token_grid, "calls": cfg.call_grid},
+        evaluate_state, lambda: copy.deepcopy(model.state_dict()))
+    excluded, cpu_start = 0.0, time.process_time()
+
+    def generated(rows):
+        prompts, completions, rewards = sample_and_verify(model, tokenizer, train, rows,
+                                                          rollout_gen, cfg, device)
+        spent["tokens"] += float(answer_mask(completions, tokenizer.end_id).sum())
+        spent["calls"] += 1
+        return prompts, completions, rewards
+
     model.train()
     steps = _harness.progress(range(cfg.rl_steps), desc=f"seed {seed} {policy}",
                               enabled=show_progress)
     for step in steps:
         if cfg.curve_every and step % cfg.curve_every == 0:
+            pause = time.process_time()
             checkpoint(step)
+            excluded += time.process_time() - pause
+        step_wall, tokens_before, calls_before = time.perf_counter(), spent["tokens"], spent["calls"]
         while len(order) < cfg.prompts_per_step:
             order.extend(order_rng.permutation(cfg.num_train).tolist())
         prompt_ids = np.asarray(order[:cfg.prompts_per_step], dtype=np.int64)
@@ -348,8 +389,7 @@ def train_maxrl(model, tokenizer, cfg: ExperimentConfig, train, test, policy: st
         planned_probs = np.asarray(tracker.estimate(prompt_ids.tolist()), dtype=np.float64)
         round_index, kept = None, None
 
-        def sample(rows):
-            return sample_and_verify(model, tokenizer, train, rows, rollout_gen, cfg, device)
+        sample = generated
 
         if spec.is_reinforce_ada:
             # Its rounds, its kept group per prompt and its update r - (pool rate).
@@ -378,8 +418,7 @@ def train_maxrl(model, tokenizer, cfg: ExperimentConfig, train, test, policy: st
             plan = torch_loop.plan_rollouts(planner, prompt_ids, cfg.budget)
             counts, prompt_index = plan.counts, plan.prompt_index
             rollout_ids = plan.row_prompt_ids
-            prompts, completions, rewards = sample_and_verify(
-                model, tokenizer, train, rollout_ids, rollout_gen, cfg, device)
+            prompts, completions, rewards = generated(rollout_ids)
             torch_loop.observe(planner, plan, rewards)
             min_factor = float(plan.allocation.min_factor)
 
@@ -429,7 +468,17 @@ def train_maxrl(model, tokenizer, cfg: ExperimentConfig, train, test, policy: st
         curves["loss"].append(float(loss.detach()))
         curves["diagnostics"].append(_diagnostics_row(diag))
         curves["diagnostics_planned"].append(_diagnostics_row(diag_planned))
+        pause = time.process_time()
+        spent["cpu_s"] = pause - cpu_start - excluded
+        curves["cpu_s"].append(spent["cpu_s"])
+        curves["step_wall_s"].append(time.perf_counter() - step_wall)
+        curves["tokens"].append(spent["tokens"] - tokens_before)
+        curves["generation_calls"].append(int(spent["calls"] - calls_before))
+        # Evaluation: its CPU time is taken out of the policy's.
+        grid.step_end(step + 1, spent)
+        excluded += time.process_time() - pause
     checkpoint(cfg.rl_steps)
+    curves["at_cost"] = grid.points
     return {"curves": curves, "checkpoints": checkpoints}
 
 

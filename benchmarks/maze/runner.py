@@ -220,28 +220,13 @@ def _cost(runs: list[dict]) -> dict[str, float]:
 
 
 def _equal_cost(config, by_arm: dict[str, list[dict]]) -> dict:
-    """pass@k at the grids' amounts every run reached (time-grid evaluation: the weights each
-    arm had reached within the amount), and each arm's paired difference to uniform there."""
-    runs = [r for rows in by_arm.values() for r in rows]
-    out = {"method": "grid evaluation: each arm is evaluated (eval_samples per held-out maze) "
-                     "on the weights it had reached within each amount"}
-    for cost, (field, _) in COSTS.items():
-        amounts = _harness.common_amounts(getattr(config, field),
-                                          (r["curves"]["at_cost"][cost] for r in runs))
-        entry = {"amounts": amounts, "pass_at_k": {}, "paired_vs_uniform_at": {}}
-        for arm, rows in by_arm.items():
-            values = {t: [_harness.at_cost(r["curves"]["at_cost"][cost], t) for r in rows]
-                      for t in amounts}
-            entry["pass_at_k"][arm] = {t: _spread(v) for t, v in values.items()}
-            if arm != "uniform":
-                base = {t: [_harness.at_cost(r["curves"]["at_cost"][cost], t)
-                            for r in by_arm["uniform"]] for t in amounts}
-                entry["paired_vs_uniform_at"][arm] = {
-                    t: _harness.paired_difference_at(
-                        _harness.paired_difference(values[t], base[t]), _harness.INTERVAL_KS)
-                    for t in amounts}
-        out[cost] = entry
-    return out
+    """pass@k at the grids' amounts every run reached (grid evaluation: the weights each arm
+    had reached within the amount), and each arm's paired difference to uniform there."""
+    return _harness.equal_cost_summary(
+        {cost: getattr(config, field) for cost, (field, _) in COSTS.items()},
+        {arm: [r["curves"]["at_cost"] for r in sorted(rows, key=lambda r: r["seed"])]
+         for arm, rows in by_arm.items()},
+        ks=_harness.INTERVAL_KS)
 
 
 def _table(config, summary) -> str:
@@ -265,15 +250,8 @@ def _table(config, summary) -> str:
         c = summary[arm]["cost"]
         lines.append(f"{arm:<{width}s}  {c['cpu_s_per_step'] * 1e3:8.1f}  "
                      f"{c['moves_per_step']:9.0f}  {c['calls_per_step']:5.2f}")
-    for cost, (_, words) in COSTS.items():
-        entry = summary["equal_cost"][cost]
-        if not entry["amounts"]:
-            lines.append(f"no amount of the {words} grid was reached by every run")
-            continue
-        t = entry["amounts"][-1]
-        lines += ["", f"at {t:g} {words} (the grid's last amount every run reached):",
-                  _harness.paired_table({arm: cells[t] for arm, cells
-                                         in entry["paired_vs_uniform_at"].items()})]
+    lines.append(_harness.equal_cost_table(summary["equal_cost"],
+                                           {cost: words for cost, (_, words) in COSTS.items()}))
     return "\n".join(lines)
 
 

@@ -397,3 +397,36 @@ def test_round_and_reinforce_ada_arms_train_with_their_budgets():
             assert all(n <= 32 * 8 for n in spent)
     assert "mean_scale" in run["policies"]["uniform:rounds=3"]["curves"]["rounds"][0]
     assert "mean_scale" not in run["policies"]["reinforce-ada"]["curves"]["rounds"][0]
+
+
+def test_each_policy_records_what_its_steps_spend_and_its_equal_cost_points():
+    cfg = _tiny(policies=("uniform", "uniform:rounds=2"), seeds=1,
+                cpu_grid_s=(1e-6, 1e4), token_grid=(1.0, 1e12), call_grid=(2.0, 3.0))
+    out = arithmetic.run_experiment(cfg, seed=2, show_progress=False)
+    (run,) = out["runs"]
+    curves = {arm: run["policies"][arm]["curves"] for arm in cfg.policies}
+    assert curves["uniform"]["generation_calls"] == [1] * cfg.rl_steps
+    assert curves["uniform:rounds=2"]["generation_calls"] == [2] * cfg.rl_steps
+    for arm, c in curves.items():
+        cpu = np.asarray(c["cpu_s"])
+        assert len(cpu) == cfg.rl_steps and (np.diff(cpu) > 0).all() and cpu[0] > 0, arm
+        # A completion is 1 to answer_width tokens long, its end marker included.
+        width = cfg.max_digits + 2
+        assert all(cfg.budget <= t <= cfg.budget * width for t in c["tokens"]), arm
+        spent = {"cpu_s": cpu, "tokens": np.cumsum(c["tokens"]),
+                 "calls": np.cumsum(c["generation_calls"])}
+        for cost, points in c["at_cost"].items():
+            assert [p["at"] for p in points] == [
+                t for t in getattr(cfg, {"cpu_s": "cpu_grid_s", "tokens": "token_grid",
+                                         "calls": "call_grid"}[cost]) if t < spent[cost][-1]]
+            for point in points:
+                assert point["step"] == int((spent[cost] <= point["at"]).sum()), (arm, cost)
+                assert len(point["value"]) == cfg.max_k
+    # Within 2 calls the static plan reached step 2, two rounds a step step 1; 3 calls are
+    # the static plan's whole run, which it never went past: no point there.
+    assert [p["step"] for p in curves["uniform"]["at_cost"]["calls"]] == [2]
+    assert [p["step"] for p in curves["uniform:rounds=2"]["at_cost"]["calls"]] == [1, 1]
+    equal = out["summary"]["equal_cost"]
+    assert equal["tokens"]["amounts"] == [1.0] and equal["calls"]["amounts"] == [2.0]
+    assert set(equal["calls"]["paired_at"]) == {"uniform:rounds=2"}
+    assert out["summary"]["uniform:rounds=2"]["cost"]["calls_per_step"] == 2.0

@@ -786,4 +786,4 @@ def test_each_arm_records_what_its_steps_spend_and_its_equal_cost_points():
     assert first[0] == first[1]
     equal = result["summary"]["equal_cost"]
     assert equal["cpu_s"]["amounts"] == [1e-6] and equal["calls"]["amounts"] == [2.0, 3.0]
-    assert set(equal["calls"]["paired_vs_uniform_at"]) == {"uniform:rounds=2"}
+    assert set(equal["calls"]["paired_at"]) == {"uniform:rounds=2"}
