@@ -15,6 +15,15 @@ backend's generation calls (``GRPOTrainer._generate_single_turn``) and their num
 per step, and the ratios to ``rounds=1`` in the same run. A third baseline, one
 ``np.sort`` of 10^6 floats, is timed in the same process. torch runs on one thread.
 
+A second table splits each setting's median step into where its time goes (the
+``breakdown`` of each row in the JSON, milliseconds and calls per step): transformers'
+``generate``, trl's code around it per generation call (prompt padding, unwrapping the
+model, the completions' post-processing), trl's tokenization, decoding and length
+metrics, the reward functions, the log-probability passes, trl's assembly of the
+scored batch, sera_opt's own code (the adapter and the planner, rounds included), and
+the rest of the step (loss, backward, optimizer, callbacks). Each part is timed
+exclusive of the others nested in it.
+
 Not measured here: a GPU backend (vLLM, SGLang), where a generation call's fixed cost,
 batching and the wait for the slowest sequence of each round weigh differently.
 
@@ -33,6 +42,7 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import Any
 
 import numpy as np
 
@@ -48,6 +58,67 @@ MAX_COMPLETION = 48
 PLAIN = "trl GRPOTrainer"
 
 
+#: The parts of a step the breakdown times: (label, owner's dotted path, method).
+#: Exclusive times: a part nested in another (generate inside trl's call) is not
+#: counted twice. The adapter's part holds everything sera_opt does in a step
+#: (planning, rounds, the row checks, the merge, advantages, diagnostics).
+BREAKDOWN_PARTS = (
+    ("model generate", "transformers.generation.utils.GenerationMixin", "generate"),
+    ("trl per-call setup", "trl.GRPOTrainer", "_generate_single_turn"),
+    ("trl tokenize/decode", "trl.GRPOTrainer", "_generate"),
+    ("reward functions", "trl.GRPOTrainer", "_calculate_rewards"),
+    ("log-prob passes", "trl.GRPOTrainer", "_get_per_token_logps_and_entropies"),
+    ("trl batch assembly", "trl.GRPOTrainer", "_generate_and_score_completions"),
+    ("sera_opt", "sera_opt.integrations.trl.SeraGRPOTrainer", "_generate_and_score_completions"),
+)
+REST = "rest (loss, backward, optimizer)"
+
+
+class _PartTimers:
+    """Exclusive wall time and calls of the :data:`BREAKDOWN_PARTS`, installed on their
+    classes for the duration of a ``with`` block (and removed after it)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {label: 0.0 for label, _, _ in BREAKDOWN_PARTS}
+        self.calls: dict[str, int] = {label: 0 for label, _, _ in BREAKDOWN_PARTS}
+        self._nested: list[float] = []
+        self._saved: list[tuple[type, str, Any]] = []
+
+    def _timed(self, label: str, method):
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            self._nested.append(0.0)
+            try:
+                return method(*args, **kwargs)
+            finally:
+                elapsed = time.perf_counter() - start
+                self.seconds[label] += elapsed - self._nested.pop()
+                self.calls[label] += 1
+                if self._nested:
+                    self._nested[-1] += elapsed
+        return timed
+
+    def __enter__(self):
+        import importlib
+
+        for label, owner_path, name in BREAKDOWN_PARTS:
+            module, _, owner_name = owner_path.rpartition(".")
+            owner = getattr(importlib.import_module(module), owner_name)
+            original = owner.__dict__[name]
+            self._saved.append((owner, name, original))
+            setattr(owner, name, self._timed(label, original))
+        return self
+
+    def __exit__(self, *exc):
+        for owner, name, original in reversed(self._saved):
+            setattr(owner, name, original)
+        self._saved.clear()
+        return False
+
+    def snapshot(self) -> tuple[dict[str, float], dict[str, int]]:
+        return dict(self.seconds), dict(self.calls)
+
+
 def _rounds_list(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(v) for v in text.split(","))
@@ -60,7 +131,8 @@ def _rounds_list(text: str) -> tuple[int, ...]:
     return values
 
 
-def _run(setting, *, steps: int, completion_length: int, seed: int) -> dict:
+def _run(setting, *, steps: int, completion_length: int, seed: int,
+         timers: _PartTimers) -> dict:
     """Train one fresh trainer for ``steps`` optimizer steps; its per-step timings."""
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -90,14 +162,19 @@ def _run(setting, *, steps: int, completion_length: int, seed: int) -> dict:
 
     step_times: list[float] = []
     generate_per_step: list[tuple[float, int]] = []
+    parts_per_step: list[dict[str, tuple[float, int]]] = []
 
     class StepClock(TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):
             self.start = time.perf_counter()
             self.generate_before = len(trainer.bench_generate)
+            self.parts_before = timers.snapshot()
 
         def on_step_end(self, args, state, control, **kwargs):
             step_times.append(time.perf_counter() - self.start)
+            (seconds, calls), (seconds_0, calls_0) = timers.snapshot(), self.parts_before
+            parts_per_step.append({label: (seconds[label] - seconds_0[label],
+                                           calls[label] - calls_0[label]) for label in seconds})
             calls = trainer.bench_generate[self.generate_before:]
             generate_per_step.append((sum(calls), len(calls)))
 
@@ -125,7 +202,8 @@ def _run(setting, *, steps: int, completion_length: int, seed: int) -> dict:
     measured = slice(1, None)  # the first step is a warm-up
     return {"step_s": step_times[measured],
             "generate_s": [g for g, _ in generate_per_step[measured]],
-            "generate_calls": [n for _, n in generate_per_step[measured]]}
+            "generate_calls": [n for _, n in generate_per_step[measured]],
+            "parts": parts_per_step[measured]}
 
 
 def _label(setting) -> str:
@@ -166,22 +244,32 @@ def main(argv=None) -> int:
     sort_s = _harness.median_time(lambda: np.sort(x), repeats=7)["median"]
     settings = [*args.rounds, PLAIN]
     runs: dict[str, list[dict]] = {_label(s): [] for s in settings}
-    for r in range(repeats):
-        order = settings if r % 2 == 0 else settings[::-1]
-        for setting in _harness.progress(order, desc=f"repeat {r + 1}/{repeats}",
-                                         enabled=not args.no_progress):
-            runs[_label(setting)].append(
-                _run(setting, steps=steps, completion_length=length, seed=args.seed))
+    with _PartTimers() as timers:
+        for r in range(repeats):
+            order = settings if r % 2 == 0 else settings[::-1]
+            for setting in _harness.progress(order, desc=f"repeat {r + 1}/{repeats}",
+                                             enabled=not args.no_progress):
+                runs[_label(setting)].append(
+                    _run(setting, steps=steps, completion_length=length, seed=args.seed,
+                         timers=timers))
 
     rows = []
     for label, results in runs.items():
         step = [t for run in results for t in run["step_s"]]
         generate = [t for run in results for t in run["generate_s"]]
         calls = [n for run in results for n in run["generate_calls"]]
+        parts = [p for run in results for p in run["parts"]]
+        # Medians per part: they need not add up to the median step; the rest is the
+        # median of each step's own remainder.
+        breakdown = {label: {"ms": 1e3 * statistics.median(p[label][0] for p in parts),
+                             "calls": statistics.median(p[label][1] for p in parts)}
+                     for label, _, _ in BREAKDOWN_PARTS}
+        breakdown[REST] = {"ms": 1e3 * statistics.median(
+            t - sum(s for s, _ in p.values()) for t, p in zip(step, parts)), "calls": None}
         rows.append({"setting": label, "step_s": statistics.median(step),
                      "generate_s": statistics.median(generate),
                      "generate_calls_per_step": statistics.median(calls),
-                     "steps_measured": len(step)})
+                     "steps_measured": len(step), "breakdown": breakdown})
     base = next(row for row in rows if row["setting"] == "rounds=1")
     for row in rows:
         row["step_vs_rounds_1"] = row["step_s"] / base["step_s"]
@@ -209,6 +297,16 @@ def main(argv=None) -> int:
               f"{row['generate_s'] * 1e3:13.1f}{row['generate_vs_rounds_1']:7.2f}"
               f"{row['generate_calls_per_step']:7.0f}{row['generate_share']:7.2f}"
               f"{row['step_vs_sort']:8.2f}")
+    print("\nwhere a step's time goes: median ms per step (calls per step), each part "
+          "exclusive of the parts nested in it")
+    print(f"{'part':<34}" + "".join(f"{row['setting']:>19}" for row in rows))
+    for label in [*(label for label, _, _ in BREAKDOWN_PARTS), REST]:
+        cells = []
+        for row in rows:
+            part = row["breakdown"][label]
+            calls = "" if part["calls"] is None else f" ({part['calls']:g})"
+            cells.append(f"{part['ms']:.1f}{calls}".rjust(19))
+        print(f"{label:<34}" + "".join(cells))
     print(f"results: {path}")
     return 0
 

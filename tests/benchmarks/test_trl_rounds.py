@@ -27,6 +27,18 @@ def test_the_benchmark_times_each_setting_and_counts_its_generation_calls(tmp_pa
         assert row["step_vs_rounds_1"] == pytest.approx(
             row["step_s"] / rows["rounds=1"]["step_s"])
     assert rows["rounds=1"]["step_vs_rounds_1"] == 1.0
+    # The breakdown counts the calls it times: one generate and one reward call per round,
+    # one log-probability pass (the loss's; no reference model, one iteration); the
+    # adapter's part only where the adapter runs.
+    for setting, calls in [("rounds=1", 1), ("rounds=2", 2), (trl_rounds.PLAIN, 1)]:
+        parts = rows[setting]["breakdown"]
+        assert parts["model generate"]["calls"] == parts["trl per-call setup"]["calls"] == calls
+        assert parts["reward functions"]["calls"] == calls
+        assert parts["log-prob passes"]["calls"] == 1
+        assert parts["sera_opt"]["calls"] == (0 if setting == trl_rounds.PLAIN else 1)
+        assert parts["model generate"]["ms"] > 0 and parts[trl_rounds.REST]["ms"] > 0
+        assert sum(p["ms"] for p in parts.values()) == pytest.approx(
+            1e3 * rows[setting]["step_s"])  # one measured step: the parts add up to it
     assert payload["setup"]["completions_per_step"] == 64 and payload["sort_1e6_s"] > 0
     assert "flags" in payload["machine"]["cpu"]
 
