@@ -145,3 +145,43 @@ def test_the_planner_reads_a_batch_of_string_ids_once(monkeypatch):
     assert len(reads) == 1, f"the ids were read {len(reads)} times"
     with pytest.warns(sera_opt.SeraOptWarning, match="repeats 1 prompt id"):
         planner.plan(ids + ["prompt-0"], 328)
+
+
+def test_the_alpha_2_crossing_keeps_its_digits_at_the_first_steps():
+    """A prompt's largest alpha = 2 gain (its first step, a large value): the closed-form
+    crossing of that very value lies on the step, so a count pass there must find no gain
+    above it. The crossing once lost its digits to cancellation there (``log u`` with
+    ``u`` near 1) and counted one step too many, and a solve that opened its bracket on
+    the extremes handed out one rollout more than the budget."""
+    from sera_opt.kernels import closed, gains
+
+    objective = AlphaFairUtility(np.array([3.8756548307058604e-08, 0.3, 0.999]), 2.0, offset=1)
+    kind = objective._kind
+    p0, p1, p2 = objective._params()
+    for row in range(3):
+        for lo in (2, 3, 5):
+            top = gains.gain(kind, p0[row], p1[row], p2[row], 1, lo)
+            aux = gains.pass_constant(kind, top)
+            crossing = gains.fair_inverse_crossing(p0[row], p1[row], 1, top, aux)
+            assert abs(crossing - lo) < 1e-12 * lo, (row, lo, crossing)
+            assert closed._closed_crossing(kind, p0[row], p1[row], p2[row], 1, top, aux, lo,
+                                           12) == lo
+
+
+@pytest.mark.parametrize("seed, m", [(284995, 232)])
+def test_the_largest_problems_kernel_on_a_case_that_once_overspent(seed, m):
+    """The hypothesis case that found the crossing above: every closed-form entry, the
+    largest problems' one included, spends exactly the budget, as the exhaustive sort."""
+    from sera_opt.kernels.kinds import CLOSED_FORM_KINDS
+
+    rng = np.random.default_rng(seed)
+    lo = rng.integers(2, 4, m)
+    hi = lo + rng.integers(0, 12, m)
+    budget = int(lo.sum()) + int(0.5 * (hi - lo).sum())
+    for objective in objectives_for(rng, m, ties=False):
+        if objective._kind in CLOSED_FORM_KINDS:
+            reference = sorted_reference(objective, budget, lo, hi)
+            for name in ("closed_solve", "closed_counts_sampled_exact"):
+                np.testing.assert_array_equal(
+                    closed_entry_counts(name, objective, budget, lo, hi), reference,
+                    err_msg=f"{type(objective).__name__} through {name}")

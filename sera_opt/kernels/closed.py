@@ -33,6 +33,10 @@ _MEMO_SHIFT = np.uint64(58)
 
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 
+#: :func:`closed_solve` narrows its bracket to at most ``max(HEAP_MIN, M / 16)`` steps
+#: before it hands them out from its heap.
+HEAP_MIN = 64
+
 
 @njit(cache=True, error_model="numpy", inline="always")
 def _closed_crossing(kind, x0, x1, x2, c, lam, aux, floor, ceil):
@@ -575,7 +579,9 @@ def closed_solve(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out):
     else:
         key_a, key_b, c_a, c_b = _opened_by_level(kind, p0, p1, p2, c, lo, hi, spare, total,
                                                   stats, ends, slot, known, fbuf, ibuf)
-    limit = max(COLLECT_MIN, m >> 4)
+    # Narrowed further than the collecting finish needs: a step handed out from the heap
+    # costs a gain and a sift, several times a row's share of a count pass.
+    limit = max(HEAP_MIN, m >> 4)
     key_a, key_b, c_a, c_b = _closed_narrow(kind, p0, p1, p2, c, lo, hi, spare, limit, key_a,
                                             key_b, c_a, c_b, fbuf, ibuf, stats, np.int64(200),
                                             ends, slot, known)

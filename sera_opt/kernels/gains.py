@@ -220,8 +220,8 @@ def fair_inverse_crossing(a, p, c, lam, inv_g):
 
     With ``u = exp(-a m)`` and ``q = 1 - p`` the gain is ``p u / ((1 - u)(1 - q u))``;
     equal to ``G = exp(lam)`` at the root in (0, 1) of ``G q u^2 - (G (1 + q) + p) u +
-    G = 0``, taken in the cancellation-free form ``u = 2 / ((1 + q) + p H + sqrt(p^2 +
-    2 p (1 + q) H + p^2 H^2))`` with ``H = 1 / G = inv_g``.
+    G = 0``, ``u = 2 / ((1 + q) + p H + sqrt(p^2 + 2 p (1 + q) H + p^2 H^2))`` with ``H =
+    1 / G = inv_g``, and ``-log u`` taken without cancellation (below).
     """
     if a == 0.0:
         return -_INF
@@ -232,8 +232,13 @@ def fair_inverse_crossing(a, p, c, lam, inv_g):
     if ph > 1e150:
         # u ~ 1 / (p H): log u = lam - log p, to within a relative 1 / (p H).
         return c + (math.log(p) - lam) / a
-    u = 2.0 / ((1.0 + q) + ph + math.sqrt(p * p + 2.0 * (1.0 + q) * ph + ph * ph))
-    return c - math.log(u) / a
+    # -log u = log1p(x / 2) with x = ph + sqrt(D) - p, D = p^2 + 2 (1 + q) ph + ph^2, and
+    # sqrt(D) - p formed as (D - p^2) / (sqrt(D) + p): every term is positive, so a step
+    # near the first (u near 1, a large lam) keeps its digits; log(u) of u = 2 / (1 + q +
+    # ph + sqrt(D)) lost them to cancellation and put such a step's crossing a count off.
+    grow = 2.0 * (1.0 + q) * ph + ph * ph
+    root = math.sqrt(p * p + grow)
+    return c + math.log1p(0.5 * (ph + grow / (root + p))) / a
 
 
 @njit(cache=True, error_model="numpy")
