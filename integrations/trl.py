@@ -573,8 +573,8 @@ class SeraGRPOTrainer(GRPOTrainer):
         prompt_ids = [self._sera_prompt_id(row) for row in groups]
         rounds_result = None
         if self.sera_rounds > 1:
-            rounds_result, generated, pregenerated, round_rewards = self._sera_generate_rounds(
-                groups, prompt_ids, len(inputs)
+            rounds_result, generated, pregenerated, round_rewards, rows = (
+                self._sera_generate_rounds(groups, prompt_ids, len(inputs))
             )
             # Rows round by round (a prompt's rows are not contiguous), as generated.
             plan = RolloutPlan(
@@ -585,8 +585,8 @@ class SeraGRPOTrainer(GRPOTrainer):
         else:
             plan = plan_rollouts(self.sera_planner, prompt_ids, len(inputs))
             pregenerated = round_rewards = None
-        # Shallow copies: TRL may write into rows, and a row repeated n_i times must not alias.
-        rows = [copy.copy(groups[position]) for position in plan.prompt_index.tolist()]
+            # Shallow copies: TRL may write into rows, and a row repeated n_i times must not alias.
+            rows = [copy.copy(groups[position]) for position in plan.prompt_index.tolist()]
 
         if rounds_result is None:
             self._sera_plan = plan
@@ -651,7 +651,9 @@ class SeraGRPOTrainer(GRPOTrainer):
 
         Returns the session's result, the completions generated per prompt, the
         concatenated output of the rounds' ``_generate`` calls (row order: round by
-        round) and this process's rewards per function for those rows.
+        round), this process's rewards per function for those rows, and the rows
+        themselves (one shallow copy per row, made once for the round's reward call and
+        reused for the batch).
         """
         if "images" in groups[0] or "image" in groups[0]:
             raise SeraOptError(
@@ -678,6 +680,7 @@ class SeraGRPOTrainer(GRPOTrainer):
         ids = _as_prompt_id_array(prompt_ids)
         outputs: list[tuple] = []
         local_rewards: list[torch.Tensor] = []
+        rows: list[dict[str, Any]] = []
         generated = np.zeros(len(groups), dtype=np.int64)
 
         def sample(counts: np.ndarray) -> np.ndarray:
@@ -685,7 +688,9 @@ class SeraGRPOTrainer(GRPOTrainer):
             # session starts, the same on every process: the budgets were checked equal).
             rows_in_round = int(counts.sum())
             index = np.repeat(positions, counts)
+            # Shallow copies: TRL may write into rows, and a repeated row must not alias.
             round_rows = [copy.copy(groups[p]) for p in index.tolist()]
+            rows.extend(round_rows)
             prompts = [row["prompt"] for row in round_rows]
             self._sera_plan = RolloutPlan(prompt_ids=ids, counts=counts, prompt_index=index)
             self._sera_generated_counts = None
@@ -711,6 +716,7 @@ class SeraGRPOTrainer(GRPOTrainer):
             generated,
             _concatenate_generations(outputs),
             torch.cat(local_rewards, dim=0),
+            rows,
         )
 
     def _sera_log_round_diagnostics(self, mode: str, result) -> dict:

@@ -164,6 +164,41 @@ def test_round_diagnostics_are_logged(trained):
         assert np.isfinite(entry["loss"])
 
 
+def test_trl_gets_one_fresh_row_per_completion_in_round_order(
+    tmp_path, tokenizer, prompts, monkeypatch
+):
+    # The rows copied for each round's reward call are the batch TRL assembles: one
+    # distinct dict per completion (TRL may write into a row), round by round, none of
+    # them the dataset's own rows.
+    handed = []
+    assemble = GRPOTrainer._generate_and_score_completions
+
+    def recording(self, inputs):
+        handed.append(list(inputs))
+        return assemble(self, inputs)
+
+    monkeypatch.setattr(GRPOTrainer, "_generate_and_score_completions", recording)
+    trainer = _trainer(
+        _config(tmp_path, max_steps=2), tokenizer, prompts, rounds=ROUNDS, first_round=2
+    )
+    dataset_rows = []
+    sample = trainer._generate_and_score_completions
+
+    def keep_inputs(inputs):
+        dataset_rows.extend(inputs)
+        return sample(inputs)
+
+    trainer._generate_and_score_completions = keep_inputs
+    trainer.train()
+    assert len(handed) == len(trainer.sera_history) == 2
+    for rows, record in zip(handed, trainer.sera_history, strict=True):
+        assert len(rows) == ROWS and len({id(row) for row in rows}) == ROWS
+        assert not {id(row) for row in rows} & {id(row) for row in dataset_rows}
+        assert [row["prompt_id"] for row in rows] == [
+            record["prompt_ids"][i] for i in record["prompt_index"]
+        ]
+
+
 def test_one_round_is_the_static_trainer(tmp_path, tokenizer, prompts):
     # rounds=1: one generation and one reward call per step, with the counts of the
     # planner's plan() on the same evidence, as before rounds existed.
