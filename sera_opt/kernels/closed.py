@@ -33,8 +33,9 @@ _MEMO_SHIFT = np.uint64(58)
 
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 
-#: :func:`closed_solve` narrows its bracket to at most ``max(HEAP_MIN, M / 16)`` steps
-#: before it hands them out from its heap.
+#: :func:`closed_solve` narrows its bracket to at most ``max(HEAP_MIN, M / 8)`` steps
+#: before it hands them out from its heap (a pass costs about as much as M / 6 steps
+#: handed out).
 HEAP_MIN = 64
 
 
@@ -581,7 +582,7 @@ def closed_solve(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out):
                                                   stats, ends, slot, known, fbuf, ibuf)
     # Narrowed further than the collecting finish needs: a step handed out from the heap
     # costs a gain and a sift, several times a row's share of a count pass.
-    limit = max(HEAP_MIN, m >> 4)
+    limit = max(HEAP_MIN, m >> 3)
     key_a, key_b, c_a, c_b = _closed_narrow(kind, p0, p1, p2, c, lo, hi, spare, limit, key_a,
                                             key_b, c_a, c_b, fbuf, ibuf, stats, np.int64(200),
                                             ends, slot, known)

@@ -237,8 +237,12 @@ def fair_inverse_crossing(a, p, c, lam, inv_g):
     # near the first (u near 1, a large lam) keeps its digits; log(u) of u = 2 / (1 + q +
     # ph + sqrt(D)) lost them to cancellation and put such a step's crossing a count off.
     grow = 2.0 * (1.0 + q) * ph + ph * ph
-    root = math.sqrt(p * p + grow)
-    return c + math.log1p(0.5 * (ph + grow / (root + p))) / a
+    x = 0.5 * (ph + grow / (math.sqrt(p * p + grow) + p))
+    # log1p(x) in Goldberg's form, as in fair_log_crossing (log is several times faster).
+    w = 1.0 + x
+    if w == 1.0:
+        return c + x / a
+    return c + (math.log(w) * x / (w - 1.0)) / a
 
 
 @njit(cache=True, error_model="numpy")
