@@ -181,6 +181,11 @@ def summarize(cfg, seeds: list[int], runs: list[dict]) -> dict[str, Any]:
         entry["at_cost"] = {cost: {t: _spread([_harness.at_cost(r["at_cost"][cost], t)
                                                for r in rows]) for t in grid}
                             for cost, grid in grids.items()}
+        # For the plot: every amount of the CPU grid that all of this arm's seeds reached
+        # (a cheaper arm's curve ends earlier; the comparison uses the common amounts only).
+        own = _harness.common_amounts(cfg.cpu_grid_s, (r["at_cost"]["cpu_s"] for r in rows))
+        entry["cpu_curve"] = {t: _spread([_harness.at_cost(r["at_cost"]["cpu_s"], t)
+                                          for r in rows]) for t in own}
         summary["arms"][arm] = entry
     for base in BASELINES:
         if base not in by_arm:
@@ -251,7 +256,7 @@ def plot(cfg, summary, out_dir: Path) -> list[Path]:
         for arm in cfg.arms:
             entry = summary["arms"][arm]
             for row, (points, label) in enumerate(((entry["at_steps"], "optimizer step"),
-                                                   (entry["at_cost"]["cpu_s"],
+                                                   (entry["cpu_curve"],
                                                     "CPU seconds (one thread, evaluation "
                                                     "excluded)"))):
                 ax = axes[row][col]
