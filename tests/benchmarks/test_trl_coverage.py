@@ -105,3 +105,37 @@ def test_bad_options_are_refused_before_any_work(argv, tmp_path):
 
     assert main(["bench", "trl-coverage", *argv, "--quick", "--out", str(tmp_path / "o")]) == 2
     assert not (tmp_path / "o").exists()
+
+
+def test_merge_combines_seed_shards_and_refuses_overlaps(tmp_path):
+    # Two shards written by hand (the merge trains nothing): the same runs under seeds 0 and 1.
+    from sera_opt.benchmarks.trl_coverage import PRESETS, runner
+    from sera_opt.exceptions import SeraOptError
+
+    cfg = PRESETS["quick"]
+    grid = {"cpu_s": cfg.cpu_grid_s, "tokens": cfg.token_grid, "calls": cfg.call_grid}
+    curve = list(np.linspace(0.1, 0.9, cfg.eval_samples))
+
+    def shard(seed, arms=("trl", "sera")):
+        runs = [{"seed": seed, "arm": arm, "final_pass_at_k": curve,
+                 "at_steps": [{"step": 0, "pass_at_k": curve}],
+                 "at_cost": {cost: [{"at": t, "step": 0, "spent": 0.0, "value": curve}
+                                    for t in amounts] for cost, amounts in grid.items()},
+                 "steps": {"wall_s": [1.0], "generate_s": [0.5], "generated_tokens": [10],
+                           "generation_calls": [1], "reward_calls": [1], "cpu_s": [1.0]},
+                 "cpu_time_s": 1.0, "wall_time_s": 1.0} for arm in arms]
+        config = {**cfg.to_dict(), "arms": list(arms)}
+        path = tmp_path / f"shard{seed}.json"
+        path.write_text(json.dumps({"config": config, "seeds": [seed], "runs": runs,
+                                    "warm_starts": [{"seed": seed}]}))
+        return path
+
+    merged_cfg, result = runner._merge([shard(0), shard(1)])
+    assert result["seeds"] == [0, 1] and merged_cfg.seeds == 2
+    summary = runner.summarize(merged_cfg, result["seeds"], result["runs"])
+    cell = summary["paired"]["trl"]["sera"]["final_step_at"]["pass@1"]
+    assert cell["n"] == 2 and cell["mean"] == 0.0
+    with pytest.raises(SeraOptError, match="more than one file"):
+        runner._merge([shard(0), shard(0)])
+    with pytest.raises(SeraOptError, match="one configuration"):
+        runner._merge([shard(0), shard(1, arms=("trl",))])
