@@ -33,9 +33,9 @@ _MEMO_SHIFT = np.uint64(58)
 
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 
-#: :func:`closed_solve` narrows its bracket to at most ``max(HEAP_MIN, M / 8)`` steps
-#: before it hands them out from its heap (a pass costs about as much as M / 6 steps
-#: handed out).
+#: :func:`closed_solve` narrows a bracket opened on the extremes to at most
+#: ``max(HEAP_MIN, M / 8)`` steps before it hands them out from its heap (a pass costs
+#: about as much as M / 6 steps handed out).
 HEAP_MIN = 64
 
 
@@ -580,9 +580,13 @@ def closed_solve(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out):
     else:
         key_a, key_b, c_a, c_b = _opened_by_level(kind, p0, p1, p2, c, lo, hi, spare, total,
                                                   stats, ends, slot, known, fbuf, ibuf)
-    # Narrowed further than the collecting finish needs: a step handed out from the heap
-    # costs a gain and a sift, several times a row's share of a count pass.
-    limit = max(HEAP_MIN, m >> 3)
+    # From the extremes, narrowed further than the collecting finish needs: a step handed
+    # out from the heap costs a gain and a sift, several times a row's share of a count
+    # pass. A subsample's opening leaves a bracket of a few hundred steps at 1,024 rows, and
+    # with tied estimates (posterior means of a few rollouts) narrowing it further takes
+    # passes that cost more than the heap saves.
+    limit = (max(HEAP_MIN, m >> 3) if m < CLOSED_SUBSAMPLE_FROM
+             else max(COLLECT_MIN, m >> 4))
     key_a, key_b, c_a, c_b = _closed_narrow(kind, p0, p1, p2, c, lo, hi, spare, limit, key_a,
                                             key_b, c_a, c_b, fbuf, ibuf, stats, np.int64(200),
                                             ends, slot, known)
