@@ -80,7 +80,7 @@ class MazeConfig:
     # crosses these amounts of CPU seconds (training and walking, one thread, evaluations
     # excluded), moves walked (the task's generated tokens) and walk calls (generation
     # calls: one per round), on the weights it had reached within each amount.
-    cpu_grid_s: tuple[float, ...] = (3.0, 6.0, 9.0)
+    cpu_grid_s: tuple[float, ...] = (3.0, 5.0, 7.0)
     move_grid: tuple[float, ...] = (400_000.0, 800_000.0)
     call_grid: tuple[float, ...] = (50.0, 100.0, 150.0)
     # runs (16 seeds: the number the decision rule of docs/benchmarks.md fixes)
