@@ -233,6 +233,19 @@ def check_grpo_config(
         )
 
 
+#: The completion-length metrics TRL's ``_generate`` logs once per call; with rounds the
+#: trainer logs them once per step, for the step's whole batch.
+_LENGTH_METRICS = (
+    "completions/mean_length",
+    "completions/min_length",
+    "completions/max_length",
+    "completions/clipped_ratio",
+    "completions/mean_terminated_length",
+    "completions/min_terminated_length",
+    "completions/max_terminated_length",
+)
+
+
 def _concatenate_generations(outputs: list[tuple]) -> tuple:
     """One ``GRPOTrainer._generate`` output from the rounds' outputs, rows in order.
 
@@ -710,14 +723,51 @@ class SeraGRPOTrainer(GRPOTrainer):
             # Checked on the gathered rewards, so that every process raises together.
             return self._sera_outcomes(self._sera_rewards(gathered)[local])
 
+        mode = "train" if self.model.training else "eval"
+        logged_before = {key: len(self._metrics[mode][key]) for key in _LENGTH_METRICS}
         run_rounds(session, sample)
+        merged = _concatenate_generations(outputs)
+        self._sera_log_batch_lengths(mode, logged_before, merged[1])
         return (
             session.result(),
             generated,
-            _concatenate_generations(outputs),
+            merged,
             torch.cat(local_rewards, dim=0),
             rows,
         )
+
+    def _sera_log_batch_lengths(self, mode: str, logged_before: dict, completion_ids) -> None:
+        """Replace the completion-length metrics each round's call logged by the step's.
+
+        TRL averages a step's entries when it logs, so per-round entries would report the
+        mean of the rounds' minima as the minimum (and means unweighted by round size).
+        These are computed as ``GRPOTrainer._generate`` computes them for one call (no
+        tools with rounds, so a completion's length is its token count).
+        """
+        device = self.accelerator.device
+        lengths = self.accelerator.gather(
+            torch.tensor([len(ids) for ids in completion_ids], device=device)
+        ).float()
+        ends = [*self.eos_token_ids, self._tokenizer.pad_token_id]
+        truncated = self.accelerator.gather(
+            torch.tensor([ids[-1] not in ends for ids in completion_ids], device=device)
+        )
+        terminated = lengths[~truncated]
+        if len(terminated) == 0:  # as TRL: no completion ended before the limit
+            terminated = torch.zeros(1, device=device)
+        values = {
+            "completions/mean_length": lengths.mean(),
+            "completions/min_length": lengths.min(),
+            "completions/max_length": lengths.max(),
+            "completions/clipped_ratio": truncated.float().mean(),
+            "completions/mean_terminated_length": terminated.mean(),
+            "completions/min_terminated_length": terminated.min(),
+            "completions/max_terminated_length": terminated.max(),
+        }
+        for key, value in values.items():
+            log = self._metrics[mode][key]
+            del log[logged_before[key] :]
+            log.append(value.item())
 
     def _sera_log_round_diagnostics(self, mode: str, result) -> dict:
         """Log the rounds' diagnostics (``sera/rounds``, ``sera/round_<r>_budget``, ...)

@@ -199,6 +199,47 @@ def test_trl_gets_one_fresh_row_per_completion_in_round_order(
         ]
 
 
+def test_completion_length_metrics_describe_the_whole_step(tmp_path, tokenizer, prompts):
+    # TRL logs completion lengths once per generation call and averages the entries of a
+    # step: with rounds its minimum would be the mean of the rounds' minima. The logged
+    # figures are the step's own, as one call would log them.
+    class Recording(SeraGRPOTrainer):
+        def _generate_and_score_completions(self, inputs):
+            output = super()._generate_and_score_completions(inputs)
+            lengths = output["completion_mask"].sum(1)
+            last = output["completion_ids"].gather(1, (lengths - 1).unsqueeze(1)).squeeze(1)
+            ends = torch.tensor([tokenizer.eos_token_id, tokenizer.pad_token_id])
+            self.lengths = [*getattr(self, "lengths", []), (lengths, ~torch.isin(last, ends))]
+            return output
+
+    trainer = _trainer(
+        _config(tmp_path, max_steps=3, max_completion_length=8),
+        tokenizer,
+        prompts,
+        cls=Recording,
+        rounds=ROUNDS,
+        first_round=2,
+    )
+    trainer.train()
+    logged = [entry for entry in trainer.state.log_history if "completions/min_length" in entry]
+    assert len(logged) == len(trainer.lengths) == 3
+    saw_unequal = False
+    for entry, (lengths, clipped) in zip(logged, trainer.lengths, strict=True):
+        lengths = lengths.float()
+        saw_unequal |= bool(lengths.min() < lengths.max())
+        terminated = lengths[~clipped] if bool((~clipped).any()) else torch.zeros(1)
+        assert entry["completions/min_length"] == pytest.approx(float(lengths.min()))
+        assert entry["completions/max_length"] == pytest.approx(float(lengths.max()))
+        assert entry["completions/mean_length"] == pytest.approx(float(lengths.mean()))
+        assert entry["completions/clipped_ratio"] == pytest.approx(float(clipped.float().mean()))
+        assert entry["completions/min_terminated_length"] == pytest.approx(float(terminated.min()))
+        assert entry["completions/max_terminated_length"] == pytest.approx(float(terminated.max()))
+        assert entry["completions/mean_terminated_length"] == pytest.approx(
+            float(terminated.mean())
+        )
+    assert saw_unequal  # otherwise every average would be right by accident
+
+
 def test_one_round_is_the_static_trainer(tmp_path, tokenizer, prompts):
     # rounds=1: one generation and one reward call per step, with the counts of the
     # planner's plan() on the same evidence, as before rounds existed.
