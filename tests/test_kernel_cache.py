@@ -1,4 +1,6 @@
-"""The compiled kernels' cache: outside the installed package, keyed so that it is never stale."""
+"""The compiled kernels' cache: outside the installed package, keyed so that it is never stale.
+
+The tests that compile the kernels in a fresh process (10 to 30 s each) are marked slow."""
 
 from __future__ import annotations
 
@@ -126,6 +128,7 @@ def test_the_base_directory_follows_the_documented_precedence(tmp_path, monkeypa
 # ----------------------------------------------------------------------------- in use
 
 
+@pytest.mark.slow  # compiles the kernels in a fresh process
 def test_kernels_are_cached_in_the_keyed_directory_and_never_in_the_package(tmp_path):
     before = _cache_files(PACKAGE)
     env = _env(SERA_OPT_CACHE_DIR=str(tmp_path))
@@ -139,6 +142,7 @@ def test_kernels_are_cached_in_the_keyed_directory_and_never_in_the_package(tmp_
     assert second.stdout == first.stdout and MESSAGE not in second.stderr, second.stderr
 
 
+@pytest.mark.slow  # compiles the kernels in a fresh process
 def test_an_unwritable_cache_directory_is_one_notice_and_kernels_in_memory(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
@@ -152,6 +156,7 @@ def test_an_unwritable_cache_directory_is_one_notice_and_kernels_in_memory(tmp_p
     assert _cache_files(PACKAGE) == before, "the fallback wrote into the package"
 
 
+@pytest.mark.slow  # compiles the kernels in a fresh process
 def test_the_setting_applies_before_the_first_kernel_and_is_refused_after(tmp_path):
     code = (f"import sera_opt\n"
             f"sera_opt.set_kernel_cache_dir({str(tmp_path / 'chosen')!r})\n"
@@ -174,6 +179,7 @@ def test_a_setting_that_is_not_a_directory_is_refused(bad):
         sera_opt.set_kernel_cache_dir(bad)
 
 
+@pytest.mark.slow  # compiles the kernels in a fresh process
 def test_the_command_shows_and_clears_the_cache(tmp_path):
     env = _env(SERA_OPT_CACHE_DIR=str(tmp_path))
     cli = [sys.executable, "-m", "sera_opt.cli"]
@@ -225,6 +231,7 @@ def _warm(directory: Path, warm_cache) -> Path:
     return key_dir
 
 
+@pytest.mark.slow  # compiles the kernels in a fresh process
 def test_a_damaged_cached_kernel_is_told_apart_then_compiled_again_with_one_notice(tmp_path,
                                                                                  warm_cache):
     key_dir = _warm(tmp_path, warm_cache)
@@ -246,6 +253,7 @@ def test_a_damaged_cached_kernel_is_told_apart_then_compiled_again_with_one_noti
     assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
 
 
+@pytest.mark.slow  # compiles the kernels in a fresh process
 def test_a_full_disk_while_caching_leaves_the_kernels_in_memory_with_one_notice(tmp_path):
     code = ("import errno\n"
             "from numba.core import caching\n"
@@ -314,6 +322,7 @@ def test_the_version_does_not_call_an_unwritable_cache_cold(tmp_path):
     assert "(cannot be written" in result.stdout and "cold" not in result.stdout, result.stdout
 
 
+@pytest.mark.slow  # compiles the kernels in a fresh process
 def test_the_setting_is_allowed_after_only_looking_at_the_cache(tmp_path):
     code = (f"import sera_opt\n"
             f"sera_opt.kernel_cache_info()\n"
@@ -324,6 +333,7 @@ def test_the_setting_is_allowed_after_only_looking_at_the_cache(tmp_path):
     assert not _cache_files(tmp_path / "env"), "the kernels were cached where they were looked at"
 
 
+@pytest.mark.slow  # compiles the kernels in a fresh process
 def test_the_kernels_run_as_python_with_numba_disable_jit(tmp_path, warm_cache):
     env = _env(SERA_OPT_CACHE_DIR=str(tmp_path), NUMBA_DISABLE_JIT="1")
     interpreted = _python(EVERY_KIND, env)
@@ -334,6 +344,7 @@ def test_the_kernels_run_as_python_with_numba_disable_jit(tmp_path, warm_cache):
 # ----------------------------------------------------------------------------- notices
 
 
+@pytest.mark.slow  # compiles the kernels in a fresh process
 def test_notices_never_reach_stdout_even_with_stderr_closed(tmp_path):
     """With stderr closed, print(file=sys.stderr) writes to stdout: a CSV would start with
     the notice. The cache cannot be written here, so both notices are due."""
@@ -348,6 +359,7 @@ def test_notices_never_reach_stdout_even_with_stderr_closed(tmp_path):
     assert out.read_text() == "count\n2\n6\n16\n"
 
 
+@pytest.mark.slow  # compiles the kernels in a fresh process
 def test_notices_are_records_of_the_sera_opt_logger(tmp_path):
     silenced = _python("import logging\nlogging.getLogger('sera_opt').setLevel(logging.ERROR)\n"
                        + ALLOCATE, _env(SERA_OPT_CACHE_DIR=str(tmp_path / "a")))
