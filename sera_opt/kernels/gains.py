@@ -237,7 +237,11 @@ def fair_inverse_crossing(a, p, c, lam, inv_g):
     # near the first (u near 1, a large lam) keeps its digits; log(u) of u = 2 / (1 + q +
     # ph + sqrt(D)) lost them to cancellation and put such a step's crossing a count off.
     grow = 2.0 * (1.0 + q) * ph + ph * ph
-    x = 0.5 * (ph + grow / (math.sqrt(p * p + grow) + p))
+    root = math.sqrt(p * p + grow)
+    half = 0.5 * ((1.0 + q) + ph + root)  # 1 / u
+    if half >= 2.0:
+        return c + math.log(half) / a  # u <= 1/2: log keeps its digits
+    x = 0.5 * (ph + grow / (root + p))
     # log1p(x) in Goldberg's form, as in fair_log_crossing (log is several times faster).
     w = 1.0 + x
     if w == 1.0:
