@@ -41,7 +41,7 @@ __all__ = ["CoverageConfig", "PRESETS", "ARMS", "BASELINES", "Arm", "parse_arm",
            "parse_arms", "warm_start_seed", "run_arm"]
 
 #: The arms of issue 41's comparison, in the order they are run and drawn.
-ARMS = ("trl", "sera:policy=uniform:rounds=1", "sera:rounds=1", "sera:rounds=2", "sera")
+ARMS = ("trl", "sera:policy=uniform:rounds=1", "sera:rounds=1", "sera:rounds=2", "sera:rounds=4")
 #: The arms every other arm is compared with, seed by seed.
 BASELINES = ("trl", "sera:policy=uniform:rounds=1")
 
