@@ -79,7 +79,7 @@ t2 = time.perf_counter()
 planner.observe(np.repeat(ids, first.counts), rng.random(int(first.counts.sum())) < 0.3)
 second = planner.plan(ids, 8 * m)
 t3 = time.perf_counter()
-session = planner.start_rounds(ids, 8 * m)
+session = planner.start_rounds(ids, 8 * m, rounds=4)
 while not session.done:
     counts = session.next_round()
     session.record(rng.random(int(counts.sum())) < 0.3)
@@ -145,8 +145,8 @@ def measure_kernels(sizes, repeats: int, show: bool) -> list[dict]:
                          "partition_median_s": medians["np.partition"],
                          "ratio_to_partition": seconds / medians["np.partition"]})
             if show:
-                print(f"{label:22s} M={m:>9,d} {seconds * 1e6:12.1f} us {seconds / sort:8.2f} x sort",
-                      file=sys.stderr)
+                print(f"{label:22s} M={m:>9,d} {seconds * 1e6:12.1f} us "
+                      f"{seconds / sort:8.2f} x sort", file=sys.stderr)
     return rows
 
 
@@ -169,7 +169,7 @@ def measure_planner(repeats: int, show: bool) -> dict:
     def session(planner=planners["int"][0], ids=planners["int"][1]):
         spent = 0.0
         start = CLOCK()
-        s = planner.start_rounds(ids, budget, observe=False)
+        s = planner.start_rounds(ids, budget, rounds=4, observe=False)
         spent += CLOCK() - start
         while not s.done:
             start = CLOCK()

@@ -19,8 +19,8 @@ from .errors import Parser, stderr
 from .options import build_policy
 from .sources import read_success_probs
 
-BENCHMARKS = ("solvers", "estimator", "tracking", "rounds", "first-use", "default-path", "trl-rounds",
-              "alignment", "maze", "arithmetic", "trl-coverage", "device")
+BENCHMARKS = ("solvers", "estimator", "tracking", "rounds", "first-use", "default-path",
+              "trl-rounds", "alignment", "maze", "arithmetic", "trl-coverage", "device")
 
 
 # The benchmarks' default --out (benchmarks/_harness.DEFAULT_OUT; a test keeps the two

@@ -557,9 +557,10 @@ def closed_solve(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out):
     left in the bracket are handed out one at a time from a heap over the rows it holds,
     in the order of all steps sorted by gain (ties: fewer rollouts first, then the lower
     index), or water-filled by that tie rule where the bracket closed on one tied value
-    (every gain in it equal). ``stats`` (int64, length 4) receives (count passes, gains evaluated in the
-    bracket, 0, subsample solves); ``work_i`` (int64, (4, M)) holds the per-row state
-    when it has M columns and ``out`` (int64, (M,)) the counts when it has M entries.
+    (every gain in it equal). ``stats`` (int64, length 4) receives (count passes, gains
+    evaluated in the bracket, 0, subsample solves); ``work_i`` (int64, (4, M)) holds the
+    per-row state when it has M columns and ``out`` (int64, (M,)) the counts when it has
+    M entries.
     Like every entry, it gives ``lo`` for ``spare <= 0`` and ``hi`` for ``spare >=
     sum(hi - lo)``.
     """
