@@ -9,7 +9,18 @@ import numpy as np
 
 from .exceptions import SeraOptError
 
-__all__ = ["one_d"]
+__all__ = ["host_values", "one_d"]
+
+
+def host_values(values: Any) -> Any:
+    """``values`` in a form numpy can read: a torch tensor is detached and moved to the
+    host, and a bfloat16 one is widened to float32, which holds every bfloat16 value
+    exactly (numpy has no bfloat16). Anything else is returned as it is."""
+    if hasattr(values, "detach") and hasattr(values, "cpu"):  # a torch tensor, any device
+        values = values.detach().cpu()
+        if str(values.dtype) == "torch.bfloat16":
+            values = values.float()
+    return values
 
 
 def one_d(values: Any, name: str, *, prefix: str = "", per: str = "") -> np.ndarray:
@@ -25,11 +36,8 @@ def one_d(values: Any, name: str, *, prefix: str = "", per: str = "") -> np.ndar
             f"unmasking would use whatever the masked entries hold. Pass {name}.compressed() "
             f"to drop the masked entries (and the same entries of the other inputs), or "
             f"{name}.filled(value) to give them a value.")
-    if str(getattr(values, "dtype", "")) == "torch.bfloat16" and hasattr(values, "float"):
-        # numpy has no bfloat16; float32 holds every bfloat16 value exactly.
-        values = values.detach().float()
     try:
-        arr = np.asarray(values)
+        arr = np.asarray(host_values(values))
     except Exception as exc:  # ragged lists and the like
         raise SeraOptError(f"{prefix}{name} could not be read as an array: {exc}") from exc
     if arr.ndim != 1:

@@ -21,6 +21,7 @@ from functools import cached_property
 import numpy as np
 
 from . import _jit
+from ._arrays import host_values
 from .exceptions import InfeasibleBudgetError, SeraOptError
 
 __all__ = [
@@ -138,7 +139,7 @@ def _checked_probs(success_probs, name: str) -> tuple[np.ndarray, bool]:
     refuse_masked(success_probs, name)
     fresh = isinstance(success_probs, (list, tuple))
     try:
-        p = np.asarray(success_probs)
+        p = np.asarray(host_values(success_probs))
     except Exception as exc:  # ragged lists and the like
         raise SeraOptError(
             f"{name} must be a 1-D array of probabilities, one per prompt; could not convert "
@@ -239,8 +240,8 @@ def attenuation(success_probs, counts, offset: int = 0):
     offset = validate_offset(offset)
     refuse_masked(success_probs, "success_probs")
     refuse_masked(counts, "counts")
-    p = np.asarray(success_probs)
-    n = np.asarray(counts)
+    p = np.asarray(host_values(success_probs))
+    n = np.asarray(host_values(counts))
     _check_attenuation_inputs(p, n)
     return _attenuation(p, n, offset)
 

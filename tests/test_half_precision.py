@@ -144,3 +144,20 @@ def test_the_tracker_and_the_planner_take_half_reward_tensors(dtype):
     planner = sera_opt.RolloutPlanner()
     planner.observe([0, 1], torch.tensor([1.0, 0.0], dtype=dtype))
     assert planner.tracker.evidence([0, 1])[0].tolist() == [1.0, 0.0]
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_allocation_takes_half_success_probabilities(dtype):
+    # Probabilities that a model estimates come in its dtype: the allocation of a half
+    # tensor is that of the same values widened, and the factors agree.
+    p = torch.tensor([0.9, 0.5, 0.05, 0.25], dtype=dtype)
+    wide = p.double().numpy()
+    got = sera_opt.allocate(p, 24, max_rollouts=16)
+    want = sera_opt.allocate(wide, 24, max_rollouts=16)
+    np.testing.assert_array_equal(got.counts, want.counts)
+    policy = sera_opt.get_policy("sera-fair", alpha=1.0, offset=1, min_rollouts=2, max_rollouts=16)
+    np.testing.assert_array_equal(policy.allocate(p, 24).counts, policy.allocate(wide, 24).counts)
+    # Factors keep the input's precision, as for a numpy array: bfloat16 reads as float32.
+    host = p.float().numpy() if dtype == torch.bfloat16 else p.numpy()
+    np.testing.assert_array_equal(sera_opt.attenuation(p, got.counts),
+                                  sera_opt.attenuation(host, got.counts))
