@@ -6,14 +6,14 @@ MLP over the one-hot digits, so it starts near chance (success probability about
 0.1 on most prompts) and has to learn each prompt's answer: 16 pairs, 8 per step,
 8 rollouts per pair on average.
 
-Each step takes a batch of prompts and follows the library's default step,
-``sera_opt.integrations.torch_loop.maxrl_round_step``: the ``budget`` rollouts are
-sampled in 4 rounds, a first look at every prompt, then the rest where no answer has
-been right yet, one sampling call per round; then advantages, loss, backward, and the
-rewards go back to the planner. ``--rounds R`` samples in R rounds; ``--rounds 1``
-follows ``maxrl_step`` instead (the planner decides every count before sampling).
+Each step takes a batch of prompts and follows the library's default, the static
+step ``sera_opt.integrations.torch_loop.maxrl_step``: the planner decides every
+count before sampling, the ``budget`` rollouts are drawn in one sampling call; then
+advantages, loss, backward, and the rewards go back to the planner. ``--rounds R``
+(opt-in, R >= 2) follows ``maxrl_round_step`` instead: a first look at every prompt,
+then the rest where no answer has been right yet, one sampling call per round.
 
-Run: ``python examples/torch_loop_example.py [--steps 40] [--policy sera|uniform] [--rounds 1]``
+Run: ``python examples/torch_loop_example.py [--steps 40] [--policy sera|uniform] [--rounds 4]``
 """
 
 from __future__ import annotations
@@ -72,8 +72,9 @@ def train(
         Allocation policy of the planner (a registered name); None: the library's
         default (``sera_opt.planner.DEFAULT_POLICY``).
     rounds : int
-        Rounds per step (default ``sera_opt.rounds.DEFAULT_ROUNDS``, 4; 1: one plan
-        before sampling).
+        Rounds per step (default ``sera_opt.rounds.DEFAULT_ROUNDS``, 1: one plan
+        before sampling, one generation call; ``rounds=4`` is opt-in and costs four
+        calls per step).
     """
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
@@ -139,7 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="allocation policy (default: the library's default)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
-                        help=f"rounds per step (default {DEFAULT_ROUNDS}; 1: one plan per step)")
+                        help=f"rounds per step (default {DEFAULT_ROUNDS}: one plan per step; "
+                             "4: a first look, then the rest where it is needed)")
     options = parser.parse_args(argv)
     torch.set_num_threads(1)
     history = train(steps=options.steps, policy=options.policy, seed=options.seed,

@@ -393,13 +393,13 @@ def check_rounds(rounds: Any, first: Any = None, *, option: str = "rounds",
                  first_option: str = "first_round") -> tuple[int | None, int | None]:
     """Validate a trainer's round switch: ``rounds`` None (the default, resolved by
     :func:`resolve_rounds`) or a positive integer, ``first`` None or a positive
-    integer (the first round's rollouts per prompt)."""
+    integer (the first round's rollouts per prompt), given only with ``rounds >= 2``."""
     if rounds is not None and (
         isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer)) or rounds < 1
     ):
         raise SeraOptError(
-            f"{option} must be a positive integer (1 generates each step in one call) or None "
-            f"(the default, {sera_opt.rounds.DEFAULT_ROUNDS} rounds where the trainer can run them); "
+            f"{option} must be a positive integer (R >= 2 generates each step in R calls, 1 in one) "
+            f"or None (the default, {sera_opt.rounds.DEFAULT_ROUNDS}: the static plan in one call); "
             f"got {rounds!r}."
         )
     if first is not None and (
@@ -408,40 +408,25 @@ def check_rounds(rounds: Any, first: Any = None, *, option: str = "rounds",
         raise SeraOptError(
             f"{first_option} must be None (half the mean count) or a positive integer; got {first!r}."
         )
-    if first is not None and rounds is not None and int(rounds) == 1:
+    if first is not None and resolve_rounds(None if rounds is None else int(rounds)) == 1:
         raise SeraOptError(
-            f"{first_option} is the first of several rounds; set {option} >= 2, or drop {first_option}."
+            f"{first_option} is the first of several rounds, and each step is generated in one call "
+            f"{'by default' if rounds is None else f'with {option}=1'}; set {option} >= 2 (for example "
+            f"{option}=4) to sample in rounds, or drop {first_option}."
         )
     return (None if rounds is None else int(rounds)), (None if first is None else int(first))
 
 
-def resolve_rounds(rounds: int | None, first: int | None, unavailable: str | None, *,
-                   option: str = "rounds", first_option: str = "first_round",
-                   stacklevel: int = 3) -> int:
+def resolve_rounds(rounds: int | None) -> int:
     """The rounds a trainer samples each step in: ``rounds`` when given, else
-    :data:`sera_opt.rounds.DEFAULT_ROUNDS`, or 1 where the trainer cannot run rounds
-    (``unavailable`` says why; a warning says so, since the default was not what runs).
+    :data:`sera_opt.rounds.DEFAULT_ROUNDS` (1, the static plan in one generation call).
 
-    A ``first`` round given with the default is refused where the default falls back
-    to one round (it would have nothing to be the first of).
+    Rounds are opt-in: each is one more call of the generation backend, which through
+    TRL on CPU made a step in 4 rounds cost 2.04x to 2.24x a step in one
+    (docs/benchmarks.md). A trainer refuses an explicit ``rounds >= 2`` where it cannot
+    run them; the default, one call, runs everywhere and warns about nothing.
     """
-    if rounds is not None:
-        return rounds
-    if unavailable is None:
-        return sera_opt.rounds.DEFAULT_ROUNDS
-    if first is not None:
-        raise SeraOptError(
-            f"{first_option} asks for rounds, which are not available: {unavailable}. Drop "
-            f"{first_option}."
-        )
-    warnings.warn(
-        f"the default of {sera_opt.rounds.DEFAULT_ROUNDS} rounds per step is not available: "
-        f"{unavailable}. Each step is generated in one call instead; set {option}=1 to choose "
-        "this and silence the warning.",
-        SeraOptWarning,
-        stacklevel=stacklevel,
-    )
-    return 1
+    return sera_opt.rounds.DEFAULT_ROUNDS if rounds is None else rounds
 
 
 def round_diagnostics(result: Any) -> dict[str, float]:

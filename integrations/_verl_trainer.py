@@ -17,8 +17,8 @@ Each mode extends one of verl's (``sera_sync`` -> ``sync`` and so on) with
    and logs the diagnostics as ``sera/<name>`` metrics;
 3. saves and restores the planner with verl's checkpoints.
 
-With ``algorithm.sera_maxrl.rounds=R >= 2`` (``sera_sync`` only, where the default is
-4 rounds: :attr:`sera_opt.integrations.verl.SeraMaxRLConfig.rounds`) the step's prompts
+With ``algorithm.sera_maxrl.rounds=R >= 2`` (``sera_sync`` only; opt-in, the default is
+one call: :attr:`sera_opt.integrations.verl.SeraMaxRLConfig.rounds`) the step's prompts
 are generated in R rounds instead (docs/theory.md section 9, :meth:`SeraTrainerMixin.prepare_step`):
 each round submits the prompts it gives rollouts to through verl's own
 ``_submit_batch_to_rollout`` (TransferQueue and the agent loop, which reads the
@@ -204,11 +204,7 @@ class SeraTrainerMixin:
             # The default's rounds are not warned about when the budget fills fewer
             # (the options resolve the default to its number; the session then just
             # runs the rounds that sample).
-            rounds=(
-                None
-                if self.sera_options.rounds == sera_opt.rounds.DEFAULT_ROUNDS
-                else self.sera_options.rounds
-            ),
+            rounds=self.sera_options.rounds,  # asked for (>= 2): the default is one call
             first_round=self.sera_options.first_round,
             observe=False,  # observed once, from the estimator's outcomes (_compute_advantage)
         )

@@ -14,10 +14,11 @@ the model:
 4. :func:`observe` feeds the rewards back to the planner, so that the next plan
    uses them.
 
-:func:`maxrl_round_step` is the default step: it samples the step's budget in
-:data:`sera_opt.rounds.DEFAULT_ROUNDS` (4) rounds, each planned on the rewards of the
-rounds before it, around a callable that does part 2 for one round (one generation
-call per round; the schedule the rounds decision chose, docs/benchmarks.md)::
+:func:`maxrl_round_step` is the documented step, around a callable that does part 2
+for one generation call. By default (:data:`sera_opt.rounds.DEFAULT_ROUNDS`, 1) it is
+the static step: the whole plan in one call, :func:`maxrl_step`'s counts and loss.
+With ``rounds=R >= 2`` (opt-in) it samples the step's budget in R rounds, each
+planned on the rewards of the rounds before it, one generation call per round::
 
     planner = sera_opt.RolloutPlanner(max_rollouts=32)   # the default policies
     for prompt_ids in batches:                           # M distinct prompt ids
@@ -25,9 +26,10 @@ call per round; the schedule the rounds decision chose, docs/benchmarks.md)::
         out.loss.backward(); optimizer.step(); optimizer.zero_grad()
 
 where ``rollout_fn(plan)`` samples and scores one completion per row of ``plan`` and
-returns ``(log_probs, rewards)`` or ``(log_probs, rewards, mask)``.
-:func:`maxrl_step` is the static step, the whole plan in one generation call; it
-chains the four parts the same way. By hand::
+returns ``(log_probs, rewards)`` or ``(log_probs, rewards, mask)``. Rounds are opt-in
+because each is one more generation call: through TRL on CPU a step in 4 rounds took
+2.04x to 2.24x a one-call step (docs/benchmarks.md). :func:`maxrl_step` is the
+static step itself; it chains the four parts the same way. By hand::
 
     planner = sera_opt.RolloutPlanner(min_rollouts=2, max_rollouts=16)  # the default policy
     for prompt_ids in batches:                      # M distinct prompt ids
@@ -637,7 +639,8 @@ def maxrl_round_step(
     success_threshold: float | None = None,
 ) -> RoundStepOutput:
     """One MaxRL step sampled in ``rounds`` rounds at the fixed ``budget``
-    (:meth:`sera_opt.RolloutPlanner.start_rounds`, docs/theory.md section 9).
+    (:meth:`sera_opt.RolloutPlanner.start_rounds`, docs/theory.md section 9); by
+    default in one, the static plan (one generation call).
 
     ``rollout_fn(plan)`` is called once per round (one generation call each) with that
     round's :class:`RolloutPlan` (a prompt may have 0 rows in it), and returns what it
@@ -657,10 +660,10 @@ def maxrl_round_step(
         As in :func:`maxrl_step`, called once per round.
     rounds, first_round, later_budgets
         As in :meth:`sera_opt.RolloutPlanner.start_rounds`: by default
-        :data:`sera_opt.rounds.DEFAULT_ROUNDS` (4) rounds, the first giving every
-        prompt half the average count, the rest split evenly over the later rounds
-        (the schedule the rounds decision chose, docs/benchmarks.md). With the default
-        planner the later rounds share their budget evenly among the prompts still
+        :data:`sera_opt.rounds.DEFAULT_ROUNDS` (1) round, the static plan in one
+        call. Rounds are opt-in (``rounds=4``, say): the first gives every prompt half
+        the average count, the rest is split evenly over the later rounds; with the
+        default planner they share their budget evenly among the prompts still
         without a success (:attr:`sera_opt.RolloutPlanner.round_policy`).
     mode, estimator, multiplicity_correction, success_threshold
         As in :func:`maxrl_loss`.

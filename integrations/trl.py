@@ -11,11 +11,13 @@
   rollouts before dividing by a batch-wide count, see :data:`LOSS_TYPE_TO_MODE`);
 * logs :func:`sera_opt.advantage_diagnostics` and the allocation with the
   trainer's metrics (``sera/...``), and feeds the rewards back to the planner;
-* generates each step's completions in ``rounds`` calls of the backend (docs/theory.md
-  section 9; by default 4, the schedule the rounds decision chose): a first look of
-  ``first_round`` completions per prompt, then the rest of the same fixed budget
-  where the planner sends it, each round scored by the trainer's reward functions
-  before the next is planned (``rounds=1``: the whole plan in one call);
+* generates each step's completions in one call of the backend, the whole plan at
+  once (the default), or, when asked for (``rounds=4``, say), in ``rounds`` calls
+  (docs/theory.md section 9): a first look of ``first_round`` completions per prompt,
+  then the rest of the same fixed budget where the planner sends it, each round
+  scored by the trainer's reward functions before the next is planned. Rounds are
+  opt-in because each is one more generation call: on CPU a step in 4 rounds took
+  2.04x to 2.24x a one-call step (docs/benchmarks.md);
 * saves the planner's state with every checkpoint and restores it on resume;
 * refuses, with :class:`sera_opt.SeraOptError`, configurations whose counts or
   advantages it could not honour (see :func:`check_grpo_config`).
@@ -298,10 +300,12 @@ class SeraGRPOTrainer(GRPOTrainer):
         Number of generation batches kept in :attr:`sera_history`.
     rounds : int or None
         Generation calls per step. None (the default):
-        :data:`sera_opt.rounds.DEFAULT_ROUNDS` (4), the schedule the rounds decision
-        chose (docs/benchmarks.md), or 1 with a warning where rounds are not
-        available (below). ``rounds=1``: the whole plan in one call, by the planner's
-        ``policy``. With ``rounds=R >= 2`` each process runs a
+        :data:`sera_opt.rounds.DEFAULT_ROUNDS`, 1, the whole plan in one call, by the
+        planner's ``policy`` (the static plan). Rounds are opt-in: each costs one more
+        call of the generation backend, and through TRL on CPU a step in 4 rounds took
+        2.04x to 2.24x a one-call step (docs/benchmarks.md), so the default stays one
+        call until a compute-matched experiment says otherwise. With ``rounds=R >= 2``
+        each process runs a
         :class:`sera_opt.RoundSession` over its prompts: round 1 gives every prompt
         ``first_round`` completions, the later rounds split the rest of the process's
         share of the generation batch and go where the planner's ``round_policy``
@@ -317,7 +321,7 @@ class SeraGRPOTrainer(GRPOTrainer):
     first_round : int, optional
         Completions per prompt in the first round (default: half of
         ``num_generations``); a prompt gets at least its ``min_rollouts`` in it
-        (:meth:`sera_opt.RolloutPlanner.start_rounds`).
+        (:meth:`sera_opt.RolloutPlanner.start_rounds`). Needs ``rounds >= 2``.
 
     Attributes
     ----------
@@ -379,11 +383,10 @@ class SeraGRPOTrainer(GRPOTrainer):
         self.sera_loss_mode = loss_mode(args.loss_type)
         self.sera_history: deque[dict[str, Any]] = deque(maxlen=history_size)
         rounds, self.sera_first_round = _common.check_rounds(rounds, first_round)
-        # The rounds asked for (None: the default): a session warns only when rounds it
-        # was asked for cannot sample, not when the default's cannot.
-        self._sera_rounds_asked = rounds
         unavailable = _rounds_unavailable(kwargs)
-        self.sera_rounds = _common.resolve_rounds(rounds, first_round, unavailable, stacklevel=3)
+        # The default is one call, which every setting can run: only rounds asked for
+        # are refused below.
+        self.sera_rounds = _common.resolve_rounds(rounds)
         self._sera_plan: RolloutPlan | None = None
         self._sera_generated_counts: np.ndarray | None = None
         self._sera_rewards_per_func: torch.Tensor | None = None
@@ -391,8 +394,9 @@ class SeraGRPOTrainer(GRPOTrainer):
         self._sera_round_rewards: torch.Tensor | None = None
         if self.sera_rounds > 1 and unavailable:
             raise SeraOptError(
-                f"rounds={self.sera_rounds} is not available: {unavailable}. Use rounds=1, or drive the rounds "
-                "yourself with sera_opt.integrations.torch_loop.maxrl_round_step."
+                f"rounds={self.sera_rounds} is not available: {unavailable}. Drop rounds (the default, one "
+                "call per step) or set rounds=1, or drive the rounds yourself with "
+                "sera_opt.integrations.torch_loop.maxrl_round_step."
             )
         super().__init__(model, reward_funcs, args, **kwargs)
 
@@ -676,7 +680,7 @@ class SeraGRPOTrainer(GRPOTrainer):
         session = self.sera_planner.start_rounds(
             prompt_ids,
             budget,
-            rounds=self._sera_rounds_asked,
+            rounds=self.sera_rounds,
             first_round=self.sera_first_round,
             observe=False,
         )

@@ -24,12 +24,12 @@ and is exactly 0.0 when they cancel, while its gradient is not 0: the printed lo
 is not a measure of progress, and a 0.0 is not a bug.
 
 Each step's completions are generated in ``--rounds R`` calls (default: the
-trainer's, 4 rounds: a first look, then the rest of the same budget where the
-planner sends it; ``--rounds 1``: one call); with R >= 2 each line also carries
+trainer's, one call, the static plan; ``--rounds 4``: a first look, then the rest of
+the same budget where the planner sends it); with R >= 2 each line also carries
 ``rounds`` (the rounds used), ``round_budgets`` (completions per round) and
 ``round_counts`` (per round, each prompt's completions).
 
-Run: ``python -m sera_opt.integrations.trl_demo [--steps 6] [--loss-type dapo] [--rounds 1]``
+Run: ``python -m sera_opt.integrations.trl_demo [--steps 6] [--loss-type dapo] [--rounds 4]``
 (``--json`` for the raw lines).
 Nothing is downloaded (``HF_HUB_OFFLINE=1`` is set before transformers loads).
 """
@@ -95,7 +95,8 @@ def _parser() -> argparse.ArgumentParser:
         "--rounds",
         type=int,
         default=None,
-        help=f"generation calls per step (default: the trainer's, {sera_opt.rounds.DEFAULT_ROUNDS})",
+        help=(f"generation calls per step (default: the trainer's, {sera_opt.rounds.DEFAULT_ROUNDS}, "
+              "the static plan; 4: a first look, then the rest where it is needed)"),
     )
     parser.add_argument(
         "--first-round",

@@ -18,9 +18,10 @@ Written against verl 0.9.1. Importing this module (``pip install 'sera_opt[verl]
   (:mod:`sera_opt.integrations._verl_trainer`, registered by :func:`register_trainers`)
   plan the counts with a :class:`sera_opt.RolloutPlanner` at every step, feed the
   outcomes back to it, log :func:`sera_opt.advantage_diagnostics` and checkpoint it;
-  ``sera_sync`` generates each step in ``algorithm.sera_maxrl.rounds`` rounds
-  through verl's agent loop (by default 4, the schedule the rounds decision chose;
-  :func:`round_groups` gives the estimator each row's prompt and round);
+  ``sera_sync`` generates each step in one agent-loop call by default (the static
+  plan), or, when asked for (``algorithm.sera_maxrl.rounds=4``, say), in that many
+  rounds through verl's agent loop (:func:`round_groups` gives the estimator each
+  row's prompt and round);
 * lets verl's ``apply_monkey_patch`` run beside trl 1.16, which lacks the value-head
   class verl patches when trl is installed (:mod:`sera_opt.integrations._verl_compat`;
   applied only when the installed versions need it).
@@ -190,11 +191,10 @@ class SeraMaxRLConfig:
         the rewards of the rounds before it; the step still spends ``M * rollout.n``
         rollouts, and the estimator takes the mean-centred baseline from the first
         round. 1: the whole plan in one call. None (the default), resolved by
-        :func:`check_trainer_config`: :data:`sera_opt.rounds.DEFAULT_ROUNDS` (4, the
-        schedule the rounds decision chose, docs/benchmarks.md) in ``sera_sync``; 1
-        in the asynchronous modes, which sample each step in one call; and 1, with a
-        warning, where ``sera_sync`` runs a feature that rounds cannot honour (listed
-        there).
+        :func:`check_trainer_config`: :data:`sera_opt.rounds.DEFAULT_ROUNDS`, 1, the
+        static plan in one call, in every mode. Rounds are opt-in: each is one more
+        generation call, and through TRL on CPU a step in 4 rounds took 2.04x to 2.24x
+        a one-call step (docs/benchmarks.md).
     first_round : int or None
         Rollouts per prompt in the first round (needs ``rounds >= 2``). None: half of
         ``rollout.n``; a prompt gets at least its ``min_rollouts`` in it.
@@ -936,32 +936,12 @@ def check_trainer_config(config: Any) -> SeraMaxRLConfig:
         )
     _bounds(options, int(mean_count))
     if options.rounds is None:
-        options = replace(options, rounds=_default_rounds(config, options))
+        # The default is one call per step, which every mode and feature can run (a
+        # first_round without rounds was refused when the options were built).
+        options = replace(options, rounds=_common.resolve_rounds(None))
     if options.rounds > 1:
         _check_round_config(config, options, int(mean_count))
     return options
-
-
-def _default_rounds(config: Any, options: SeraMaxRLConfig) -> int:
-    """The rounds of a config that names none: the library's default in ``sera_sync``
-    where nothing refuses them, 1 otherwise (with a warning in ``sera_sync``)."""
-    mode = _select(config, "trainer.v1.trainer_mode")
-    if mode not in (None, "sera_sync"):
-        if options.first_round is not None:
-            raise SeraOptError(
-                f"algorithm.sera_maxrl.first_round asks for rounds, which trainer mode {mode!r} cannot "
-                "run (only sera_sync can); drop first_round."
-            )
-        return 1
-    refused = _round_refusals(config)
-    return _common.resolve_rounds(
-        None,
-        options.first_round,
-        refused[0] if refused else None,
-        option="algorithm.sera_maxrl.rounds",
-        first_option="algorithm.sera_maxrl.first_round",
-        stacklevel=4,
-    )
 
 
 def _check_round_config(config: Any, options: SeraMaxRLConfig, mean_count: int) -> None:

@@ -48,14 +48,16 @@ DEFAULT_POLICY = "sera-fair"
 DEFAULT_POLICY_OPTIONS: dict[str, Any] = {"alpha": 1.0, "offset": 1, "min_rollouts": 2}
 
 #: The policy that a planner built without one allocates the later rounds of a step
-#: with. With :data:`DEFAULT_ROUNDS` rounds (:meth:`RolloutPlanner.start_rounds`, the
-#: trainers and :func:`integrations.torch_loop.maxrl_round_step` default to them) and
-#: the default first round (half the average count) it is the arm ``uniform:rounds=4``
-#: that won the rounds decision written down before its runs (docs/benchmarks.md,
-#: "Rounds within a step"): nowhere significantly below the static default, and above
-#: it on the hard mazes and on arithmetic. Its later rounds share their budget evenly
-#: among the prompts still without a success. The static default stays
-#: :data:`DEFAULT_POLICY` (uniform allocation in one round is clearly worse there).
+#: with, when rounds are asked for (``rounds >= 2``; the default, :data:`DEFAULT_ROUNDS`,
+#: is one round, the static plan). With 4 rounds and the default first round (half the
+#: average count) it is the arm ``uniform:rounds=4`` that won the rounds decision
+#: written down before its runs (docs/benchmarks.md, "Rounds within a step"), judged
+#: at an equal number of rollouts: nowhere significantly below the static default, and
+#: above it on the hard mazes and on arithmetic. Its later rounds share their budget
+#: evenly among the prompts still without a success. Rounds are opt-in because each is
+#: one more generation call (through TRL on CPU 4 rounds cost 2.04x to 2.24x a static
+#: step). The static default stays :data:`DEFAULT_POLICY` (uniform allocation in one
+#: round is clearly worse there).
 DEFAULT_ROUND_POLICY = "uniform"
 
 
@@ -121,8 +123,9 @@ class RolloutPlanner(LockedState):
         :data:`DEFAULT_ROUND_POLICY` (``uniform``: each round's budget shared evenly
         among the prompts still without a success) with the default policy's offset
         and bounds, its cap of ``max_ratio`` times the average count included. This
-        pairing, in :data:`DEFAULT_ROUNDS` rounds, is the one the rounds decision
-        chose (docs/benchmarks.md).
+        pairing, in 4 rounds, is the one the rounds decision chose at equal rollouts
+        (docs/benchmarks.md); rounds are opt-in (the default is one round, the static
+        plan), so it allocates only when ``rounds >= 2`` is asked for.
     """
 
     def __init__(self, policy=None, tracker: SuccessTracker | None = None, *,
@@ -231,13 +234,13 @@ class RolloutPlanner(LockedState):
         """Plan the step's ``budget`` in ``rounds`` rounds (docs/theory.md section 9);
         returns a :class:`~sera_opt.rounds.RoundSession`.
 
-        ``rounds`` defaults to :data:`DEFAULT_ROUNDS`. The first round gives every
-        prompt ``first_round`` rollouts; each round after it is allocated by
-        :attr:`round_policy` on the tracker's posteriors updated with the step's
-        outcomes so far, within the bounds of the planner's policy. Everything
-        :meth:`plan` would check is checked here, before the first round. With
-        ``rounds=1`` the counts are those of :meth:`plan` (the planner's
-        :attr:`policy`), bit for bit.
+        ``rounds`` defaults to :data:`DEFAULT_ROUNDS`, 1: a session of one round whose
+        counts are those of :meth:`plan` (the planner's :attr:`policy`), bit for bit,
+        so that one loop serves both. Rounds are opt-in (``rounds=4``, say): the first
+        round gives every prompt ``first_round`` rollouts; each round after it is
+        allocated by :attr:`round_policy` on the tracker's posteriors updated with the
+        step's outcomes so far, within the bounds of the planner's policy. Everything
+        :meth:`plan` would check is checked here, before the first round.
 
         When the session ends (its last :meth:`~sera_opt.rounds.RoundSession.record`,
         or :meth:`~sera_opt.rounds.RoundSession.stop`) it hands itself to

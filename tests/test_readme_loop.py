@@ -118,9 +118,9 @@ def test_the_readme_rounds_loop_trains_at_the_fixed_budget():
     task = ToyTask()
     namespace = run("import torch\nimport sera_opt\n" + code, task)
     planner, out = namespace["planner"], namespace["out"]
-    # the default: four generation calls per step, every step's counts summing to its budget
-    assert planner.round_policy.name == "uniform"
-    assert len(task.calls) == sera_opt.rounds.DEFAULT_ROUNDS * len(task.batches) == 4 * 6
+    # rounds=4, asked for: four generation calls per step, every step's counts summing to its budget
+    assert planner.round_policy.name == "uniform" and "rounds=4" in code
+    assert len(task.calls) == 4 * len(task.batches) == 4 * 6
     assert out.counts.sum() == 8 * len(task.batches[-1]) and out.rounds == 4
     assert torch.isfinite(namespace["loss"]) and torch.isfinite(task.logits.grad).all()
     assert planner.tracker.step == len(task.batches)  # one update per step, no observe()

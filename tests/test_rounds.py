@@ -3,6 +3,7 @@ per-round allocation, their expected scales, and the exact scale reference."""
 
 import itertools
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -513,10 +514,14 @@ def test_the_default_planner_in_rounds_is_the_winning_arm(m, per, seed, capped):
     arm = sera_opt.RolloutPlanner("uniform", offset=1, min_rollouts=2, max_rollouts=cap)
     for planner in (default, arm):
         planner.observe(*seen)
-    got, result = _run_session(default, ids, budget, p, seed)
-    want, _ = _run_session(arm, ids, budget, p, seed)
+    # Rounds are opt-in: the arm's 4 rounds are asked for (and a warning names the
+    # rounds a small budget leaves empty, which is not what is tested here).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sera_opt.SeraOptWarning)
+        got, result = _run_session(default, ids, budget, p, seed, rounds=4)
+        want, _ = _run_session(arm, ids, budget, p, seed, rounds=4)
     # The 4 rounds less those the budget leaves empty (dropped when the session starts).
-    assert sera_opt.rounds.DEFAULT_ROUNDS == 4 and got.shape[0] == len(result.round_budgets) <= 4
+    assert got.shape[0] == len(result.round_budgets) <= 4
     assert (got.sum(1) > 0).all()
     np.testing.assert_array_equal(got, want)
     assert result.counts.sum() == budget and result.counts.max() <= cap
@@ -580,7 +585,7 @@ def test_the_default_round_policy_keeps_the_planner_cap():
     # given; the default rounds keep that cap, so a hopeless prompt cannot take the
     # later rounds' whole budget (uniform alone has no cap: it would reach 36).
     planner = sera_opt.RolloutPlanner()
-    session = planner.start_rounds(np.arange(8), 64, first_round=4)
+    session = planner.start_rounds(np.arange(8), 64, rounds=4, first_round=4)
     assert session.round_budgets == (32, 11, 11, 10)
     session.next_round()
     session.record(np.r_[np.zeros(4), np.ones(28)])  # only prompt 0 fails
@@ -600,17 +605,25 @@ def test_a_policy_without_an_objective_says_how_to_plan_without_rounds():
     policy = Fixed()
     assert Fixed.round_mode is None
     assert policy.start_rounds(np.full(3, 0.5), 12, rounds=1).next_round().tolist() == [4, 4, 4]
-    # Refused when the session starts (the default: 4 rounds), before a round is drawn.
+    # The default is one round, which such a policy runs too.
+    assert policy.start_rounds(np.full(3, 0.5), 12).next_round().tolist() == [4, 4, 4]
+    # Rounds asked for are refused when the session starts, before a round is drawn.
     with pytest.raises(sera_opt.SeraOptError,
-                       match=r"round_mode is None.*implement round_objective.*rounds=1.*"
-                             r"default is 4 rounds"):
-        policy.start_rounds(np.full(3, 0.5), 12)
+                       match=r"round_mode is None.*implement round_objective.*rounds=1, the "
+                             r"default"):
+        policy.start_rounds(np.full(3, 0.5), 12, rounds=4)
 
 
-def test_policy_sessions_take_the_default_rounds():
-    policy = sera_opt.get_policy("uniform", offset=1)
-    session = policy.start_rounds(np.full(5, 0.3), 40)
-    assert session.rounds == sera_opt.rounds.DEFAULT_ROUNDS and session.round_budgets == (20, 7, 7, 6)
+def test_policy_sessions_take_the_default_rounds_the_static_plan():
+    # Rounds are opt-in: the default is one round, allocate()'s counts bit for bit.
+    assert sera_opt.rounds.DEFAULT_ROUNDS == 1
+    policy = sera_opt.get_policy("sera-fair", offset=1, min_rollouts=2)
+    p = np.array([0.05, 0.3, 0.6, 0.9, 0.2])
+    session = policy.start_rounds(p, 40)
+    assert session.rounds == 1 and session.round_budgets == (40,)
+    np.testing.assert_array_equal(session.next_round(), policy.allocate(p, 40).counts)
+    explicit = sera_opt.get_policy("uniform", offset=1).start_rounds(np.full(5, 0.3), 40, rounds=4)
+    assert explicit.rounds == 4 and explicit.round_budgets == (20, 7, 7, 6)
 
 
 def test_the_planner_session_leaves_the_tracker_to_the_caller_when_asked():

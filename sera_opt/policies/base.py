@@ -328,7 +328,8 @@ class AllocationPolicy(ABC):
             The step's rollouts over all rounds; spent exactly unless the session is
             stopped early (:meth:`~sera_opt.rounds.RoundSession.stop`).
         rounds : int, optional
-            ``R >= 1``; default :data:`sera_opt.rounds.DEFAULT_ROUNDS` (4). Rounds the
+            ``R >= 1``; default :data:`sera_opt.rounds.DEFAULT_ROUNDS` (1, which is
+            :meth:`allocate`'s plan in one round; rounds are opt-in). Rounds the
             budget leaves empty are dropped when the session starts (a round that
             draws nothing is no generation call); when ``rounds`` was given, with a
             :class:`~sera_opt.SeraOptWarning` that names how many can sample.
@@ -365,8 +366,8 @@ class AllocationPolicy(ABC):
             raise SeraOptError(
                 f"policy {self.name!r} does not run in rounds (its round_mode is None): declare "
                 f"round_mode and implement round_objective(problem, **inputs) to use it in "
-                f"rounds, or plan in one round (start_rounds(..., rounds=1), or rounds=1 in the "
-                f"trainers, whose default is {DEFAULT_ROUNDS} rounds)."
+                f"rounds, or plan in one round (rounds=1, the default of start_rounds and the "
+                f"trainers)."
             )
         if rounds > 1 and self.round_mode not in ROUND_MODES:
             raise SeraOptError(
@@ -426,8 +427,7 @@ class AllocationPolicy(ABC):
             raise SeraOptError(
                 f"policy {self.name!r} has no objective to solve a round with; implement "
                 f"round_objective(problem, **inputs) to use it in rounds, or plan in one round "
-                f"(start_rounds(..., rounds=1), or rounds=1 in the trainers, whose default is "
-                f"{DEFAULT_ROUNDS} rounds)."
+                f"(rounds=1, the default of start_rounds and the trainers)."
             )
         return objective(problem, **inputs)
 

@@ -54,11 +54,13 @@ from ..separable.objective import solve_validated
 from ..separable.tiers import even_increments
 from .outcomes import binary_rewards, read_only, rollout_layout
 
-#: The rounds a step is sampled in when none are named: the arm that won the rounds
-#: decision written down before its runs (docs/benchmarks.md, "Rounds within a step")
-#: samples in 4 rounds, the number Reinforce-Ada uses. See
-#: :data:`sera_opt.planner.DEFAULT_ROUND_POLICY` for the policy of its later rounds.
-DEFAULT_ROUNDS = 4
+#: The rounds a step is sampled in when none are named: 1, the static plan in one
+#: generation call. Rounds are opt-in (``rounds=4`` and the like): through TRL on CPU a
+#: step in 4 rounds costs 2.04x to 2.24x a step in one, the extra being the generation
+#: backend's cost per call, so the default returned to one round until a rule fixed
+#: before a compute-matched experiment says otherwise (docs/benchmarks.md). See
+#: :data:`sera_opt.planner.DEFAULT_ROUND_POLICY` for the policy of explicit later rounds.
+DEFAULT_ROUNDS = 1
 
 #: The ways a policy takes part in rounds (:attr:`sera_opt.AllocationPolicy.round_mode`):
 #: ``"scale"``, its objective solved over the active prompts in the count of the round;

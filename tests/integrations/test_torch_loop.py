@@ -386,19 +386,51 @@ def test_example_trains_the_tiny_policy_with_one_plan_per_step():
     assert history[-1]["greedy_accuracy"] > history[0]["greedy_accuracy"]
 
 
-@pytest.mark.parametrize("rounds", [None, 3])
+@pytest.mark.parametrize("rounds", [4, 3])
 def test_example_trains_the_tiny_policy_in_rounds(rounds):
     spec = importlib.util.spec_from_file_location("torch_loop_example", EXAMPLE)
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
-    options = {} if rounds is None else {"rounds": rounds}
-    history = example.train(steps=30, verbose=False, **options)
-    expected = 4 if rounds is None else rounds  # the default: sera_opt.rounds.DEFAULT_ROUNDS
-    assert all(sum(record["counts"]) == 64 and record["rounds"] == expected for record in history)
+    history = example.train(steps=30, verbose=False, rounds=rounds)
+    assert all(sum(record["counts"]) == 64 and record["rounds"] == rounds for record in history)
     first = np.mean([r["batch_success_rate"] for r in history[:5]])
     last = np.mean([r["batch_success_rate"] for r in history[-5:]])
     assert last > first + 0.2, (first, last)
     assert history[-1]["greedy_accuracy"] > history[0]["greedy_accuracy"]
+
+
+def test_the_default_round_step_is_the_static_step_in_one_sample_call():
+    # Rounds are opt-in: by default maxrl_round_step samples once, the plan()'s counts,
+    # and its loss is maxrl_step's on the same rollouts.
+    from sera_opt.integrations.torch_loop import maxrl_round_step
+
+    assert sera_opt.rounds.DEFAULT_ROUNDS == 1
+    probs = np.random.default_rng(2).uniform(0.05, 0.9, 12)
+    rows = np.repeat(np.arange(12), 8)
+    seen = (rows, np.random.default_rng(3).random(96) < probs[rows])
+    outs, calls = [], []
+    for step in (maxrl_round_step, maxrl_step):
+        rng = np.random.default_rng(0)
+        logits = torch.zeros(12, requires_grad=True)
+        planner = sera_opt.RolloutPlanner(max_rollouts=24).observe(*seen)
+        want = planner.plan(np.arange(12), 96).counts
+
+        def rollout(plan, logits=logits, step=step):
+            calls.append((step, plan.counts.copy()))
+            rows = torch.as_tensor(plan.row_prompt_ids)
+            rewards = torch.as_tensor(rng.random(plan.budget) < probs[plan.row_prompt_ids])
+            return torch.nn.functional.logsigmoid(logits[rows]), rewards
+
+        outs.append(step(planner, np.arange(12), 96, rollout))
+        assert planner.tracker.step == 2  # the history, then the step's outcomes once
+    assert [s for s, _ in calls] == [maxrl_round_step, maxrl_step]  # one call each
+    np.testing.assert_array_equal(calls[0][1], want)
+    np.testing.assert_array_equal(calls[1][1], want)
+    assert len(set(want.tolist())) > 1, "the case must plan unequal counts"
+    rounds, static = outs
+    assert rounds.result.rounds == 1 and not rounds.round_index.any()
+    torch.testing.assert_close(rounds.loss, static.loss)
+    torch.testing.assert_close(rounds.advantages, static.advantages)
 
 
 def test_maxrl_round_step_samples_each_round_once_at_the_fixed_budget():

@@ -262,35 +262,58 @@ def test_one_round_is_the_static_trainer(tmp_path, tokenizer, prompts):
         assert "rounds" not in record
 
 
-def test_the_default_is_four_rounds_with_uniform_later_rounds(tmp_path, tokenizer, prompts):
-    # No planner, no rounds: the trainer samples each step as the rounds decision's arm did.
+def test_the_default_is_one_generation_call_per_step(tmp_path, tokenizer, prompts, monkeypatch):
+    # No planner, no rounds: the static plan, one call of the generation backend and one
+    # reward call per step (rounds are opt-in: each would be one more call).
+    backend_calls = []
+    original = GRPOTrainer._generate_single_turn
+
+    def counted(self, *args, **kwargs):
+        backend_calls.append(self.state.global_step)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(GRPOTrainer, "_generate_single_turn", counted)
     recorder = _RewardRecorder()
     trainer = _trainer(
         _config(tmp_path, max_steps=2), tokenizer, prompts, reward_funcs=recorder, planner=None
     )
-    assert trainer.sera_rounds == sera_opt.rounds.DEFAULT_ROUNDS == 4
+    assert trainer.sera_rounds == sera_opt.rounds.DEFAULT_ROUNDS == 1
     assert trainer.sera_first_round is None
     planner = trainer.sera_planner
+    # The later rounds' policy stays the rounds decision's, for rounds asked for.
     assert (planner.policy.name, planner.round_policy.name) == ("sera-fair", "uniform")
     assert (planner.round_policy.offset, planner.round_policy.min_rollouts) == (1, 2)
     assert planner.round_policy.max_rollouts == 4 * NUM_GENERATIONS
     trainer.train()
     assert trainer.state.global_step == 2
-    steps = list(trainer.sera_history)
-    # 4 rounds a step, a first round of half of num_generations each; one reward call per
-    # round that has a budget.
-    for record in steps:
-        assert record["rounds"] == 4
-        counts = np.array(record["round_counts"])
-        assert counts.shape == (4, 4) and counts.sum() == ROWS
-        assert counts[0].tolist() == [NUM_GENERATIONS // 2] * 4
-        assert record["allocated_counts"] == record["generated_counts"] == counts.sum(0).tolist()
-    assert len(recorder.calls) == sum(
-        int((np.array(r["round_counts"]).sum(1) > 0).sum()) for r in steps
-    )
+    assert backend_calls == [0, 1] and len(recorder.calls) == 2
+    for record, call in zip(trainer.sera_history, recorder.calls, strict=True):
+        assert "rounds" not in record
+        assert record["allocated_counts"] == record["generated_counts"]
+        assert sum(record["allocated_counts"]) == ROWS == len(call["rewards"])
 
 
-def test_the_default_falls_back_to_one_call_where_rounds_cannot_run(
+def test_rounds_asked_for_make_one_backend_call_each(tmp_path, tokenizer, prompts, monkeypatch):
+    # The counting above can fail: rounds=4 calls the backend once per round that samples.
+    backend_calls = []
+    original = GRPOTrainer._generate_single_turn
+
+    def counted(self, *args, **kwargs):
+        backend_calls.append(self.state.global_step)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(GRPOTrainer, "_generate_single_turn", counted)
+    trainer = _trainer(_config(tmp_path, max_steps=1), tokenizer, prompts, planner=None, rounds=4)
+    trainer.train()
+    (record,) = trainer.sera_history
+    assert record["rounds"] == 4
+    counts = np.array(record["round_counts"])
+    assert counts.shape == (4, 4) and counts.sum() == ROWS
+    assert counts[0].tolist() == [NUM_GENERATIONS // 2] * 4
+    assert len(backend_calls) == int((counts.sum(1) > 0).sum()) == 4
+
+
+def test_the_default_runs_where_rounds_cannot_and_warns_nothing(
     tmp_path, tokenizer, prompts, monkeypatch
 ):
     def lookup(text: str) -> str:
@@ -304,35 +327,27 @@ def test_the_default_falls_back_to_one_call_where_rounds_cannot_run(
     # The tiny tokenizer's chat template cannot render tool calls, which GRPOTrainer's own
     # constructor checks after the adapter's: stop there, the round switch is settled.
     monkeypatch.setattr(GRPOTrainer, "__init__", lambda self, *args, **kwargs: None)
-    with pytest.warns(
-        sera_opt.SeraOptWarning,
-        match="default of 4 rounds.*tools and environment_factory.*set rounds=1",
-    ):
-        trainer = _trainer(_config(tmp_path), tokenizer, prompts, tools=[lookup])
-    assert trainer.sera_rounds == 1
-    with pytest.raises(SeraOptError, match="Drop first_round"):
-        _trainer(_config(tmp_path), tokenizer, prompts, tools=[lookup], first_round=2)
-    with pytest.raises(SeraOptError, match="rounds=2 is not available: tools"):
-        _trainer(_config(tmp_path), tokenizer, prompts, tools=[lookup], rounds=2)
-    monkeypatch.undo()
     images = Dataset.from_dict(
         {"prompt": prompts, "prompt_id": list(range(4)), "image": [None] * 4}
     )
-    with pytest.warns(sera_opt.SeraOptWarning, match="default of 4 rounds.*image prompts"):
-        assert (
-            _trainer(_config(tmp_path), tokenizer, prompts, train_dataset=images).sera_rounds == 1
-        )
-    with pytest.raises(SeraOptError, match="rounds=2 is not available: image prompts"):
-        _trainer(_config(tmp_path), tokenizer, prompts, train_dataset=images, rounds=2)
-    # Chosen on purpose: no warning.
+    # The default is one call, which tools and image prompts run as they are: no warning.
     with warnings.catch_warnings():
         warnings.simplefilter("error", sera_opt.SeraOptWarning)
-        assert (
-            _trainer(
-                _config(tmp_path), tokenizer, prompts, train_dataset=images, rounds=1
-            ).sera_rounds
-            == 1
-        )
+        assert _trainer(_config(tmp_path), tokenizer, prompts, tools=[lookup]).sera_rounds == 1
+        for rounds in (None, 1):
+            assert (
+                _trainer(
+                    _config(tmp_path), tokenizer, prompts, train_dataset=images, rounds=rounds
+                ).sera_rounds
+                == 1
+            )
+    # Rounds asked for are refused there, as before.
+    with pytest.raises(SeraOptError, match="first_round is the first of several rounds.*rounds >= 2"):
+        _trainer(_config(tmp_path), tokenizer, prompts, tools=[lookup], first_round=2)
+    with pytest.raises(SeraOptError, match="rounds=2 is not available: tools.*Drop rounds"):
+        _trainer(_config(tmp_path), tokenizer, prompts, tools=[lookup], rounds=2)
+    with pytest.raises(SeraOptError, match="rounds=2 is not available: image prompts"):
+        _trainer(_config(tmp_path), tokenizer, prompts, train_dataset=images, rounds=2)
 
 
 @pytest.mark.parametrize(
@@ -409,6 +424,7 @@ def test_vllm_server_mode_sends_one_request_per_round(tmp_path, tokenizer, promp
         ({"rounds": 2.0}, "rounds must be a positive integer"),
         ({"rounds": 2, "first_round": 0}, "first_round must be None"),
         ({"rounds": 1, "first_round": 2}, "set rounds >= 2"),
+        ({"first_round": 2}, "in one call by default; set rounds >= 2"),
         ({"rounds": "4"}, "rounds must be a positive integer"),
     ],
 )

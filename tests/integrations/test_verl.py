@@ -928,7 +928,7 @@ def composed():
 @needs_v1
 def test_check_trainer_config(sv, composed):
     config, variant = composed
-    assert sv.check_trainer_config(config) == sv.SeraMaxRLConfig(rounds=4)  # sera_sync's default
+    assert sv.check_trainer_config(config) == sv.SeraMaxRLConfig(rounds=1)  # the default: one call
     options = sv.check_trainer_config(
         variant(algorithm__sera_maxrl={"estimator": "success_average", "max_rollouts": 9})
     )

@@ -435,9 +435,25 @@ def test_one_round_is_the_static_mode(sv, variant, monkeypatch, tmp_path):
     assert metrics["sera/observed_rollouts"] == NUM_PROMPTS * MEAN_COUNT
 
 
-def test_the_default_step_is_four_rounds_with_uniform_later_rounds(sv, variant, monkeypatch,
-                                                                   tmp_path):
+def test_the_default_step_is_one_agent_loop_call_with_the_static_plan(sv, variant, monkeypatch,
+                                                                      tmp_path):
+    from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+
     trainer, engine, _ = build_trainer(variant, monkeypatch, tmp_path, seed=5)
+    assert trainer.sera_rounds == sera_opt.rounds.DEFAULT_ROUNDS == 1
+    assert type(trainer.replay_buffer) is ReplayBuffer
+    prompt_ids = list(range(100, 100 + NUM_PROMPTS))
+    planned = fresh_planner(sv, trainer).plan(prompt_ids, NUM_PROMPTS * MEAN_COUNT).counts
+    _, metrics = run_step(trainer)
+    assert len(engine.calls) == 1  # one agent-loop call, the static plan's counts
+    drawn = Counter(s["index"] for s in engine.calls[0])
+    assert [drawn[i] for i in prompt_ids] == planned.tolist()
+    assert "sera/rounds" not in metrics and not hasattr(trainer, "sera_round_result")
+
+
+def test_rounds_asked_for_are_the_decisions_schedule(sv, variant, monkeypatch, tmp_path):
+    trainer, engine, _ = build_trainer(variant, monkeypatch, tmp_path, seed=5,
+                                       sera_maxrl={"rounds": 4})
     assert trainer.sera_rounds == 4
     assert (trainer.sera_planner.policy.name, trainer.sera_planner.round_policy.name) == (
         "sera-fair", "uniform")
@@ -509,6 +525,7 @@ def test_round_groups_pool_rounds_and_leave_padding_out(sv):
         ({"rounds": 2, "first_round": 0}, "first_round must be None"),
         ({"rounds": 2, "first_round": False}, "first_round must be None"),
         ({"rounds": 1, "first_round": 2}, "set algorithm.sera_maxrl.rounds >= 2"),
+        ({"first_round": 2}, "in one call by default; set algorithm.sera_maxrl.rounds >= 2"),
         ({"rounds": "4"}, "rounds must be a positive integer"),
     ],
 )
@@ -534,25 +551,19 @@ def test_configs_rounds_cannot_honour_are_refused(sv, variant, dotted, match):
     with pytest.raises(SeraOptError, match=match):
         sv.check_trainer_config(variant({"rounds": 2}, **dotted))
     sv.check_trainer_config(variant({"rounds": 1}, **dotted))  # the control: one round is fine
-    # The default (no rounds named) is one call there: the async modes sample each step in
-    # one call by design; in sera_sync a feature that rounds cannot honour says so.
-    if "trainer__v1__trainer_mode" in dotted:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", SeraOptWarning)
-            assert sv.check_trainer_config(variant(None, **dotted)).rounds == 1
-        with pytest.raises(SeraOptError, match="only sera_sync can.*drop first_round"):
-            sv.check_trainer_config(variant({"first_round": 2}, **dotted))
-    else:
-        with pytest.warns(SeraOptWarning, match=f"default of 4 rounds.*{match}.*rounds=1 to choose"):
-            assert sv.check_trainer_config(variant(None, **dotted)).rounds == 1
-        with pytest.raises(SeraOptError, match=f"not available: .*{match}.*Drop"):
-            sv.check_trainer_config(variant({"first_round": 2}, **dotted))
+    # The default (no rounds named) is one call, which every mode and feature runs: no
+    # warning; a first round without rounds is refused, since nothing follows it.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SeraOptWarning)
+        assert sv.check_trainer_config(variant(None, **dotted)).rounds == 1
+    with pytest.raises(SeraOptError, match="first_round is the first of several rounds"):
+        sv.check_trainer_config(variant({"first_round": 2}, **dotted))
 
 
-def test_the_default_is_four_rounds_in_sera_sync(sv, variant):
-    assert sv.check_trainer_config(variant(None)).rounds == sera_opt.rounds.DEFAULT_ROUNDS == 4
+def test_the_default_is_one_round_in_sera_sync(sv, variant):
+    assert sv.check_trainer_config(variant(None)).rounds == sera_opt.rounds.DEFAULT_ROUNDS == 1
     assert sv.SeraMaxRLConfig().rounds is None  # resolved against the whole config
-    options = sv.check_trainer_config(variant({"first_round": 3}))
+    options = sv.check_trainer_config(variant({"rounds": 4, "first_round": 3}))
     assert (options.rounds, options.first_round) == (4, 3)
     assert sv.build_planner(options, 4).round_policy.name == "uniform"
     named = sv.build_planner(sv.check_trainer_config(variant({"policy": "sera"})), 4)
