@@ -547,7 +547,7 @@ def test_the_default_planner_has_a_round_policy_and_a_named_one_does_not():
     p = np.array([0.9, 0.5, 0.05, 0.01])
     named.observe(np.repeat(np.arange(4), 40), np.repeat(p, 40) > np.tile(
         np.linspace(0, 1, 40, endpoint=False), 4))
-    session = named.start_rounds(np.arange(4), 32, first_round=2)
+    session = named.start_rounds(np.arange(4), 32, rounds=4, first_round=2)
     session.next_round()
     session.record(np.zeros(8))
     policy_counts = session.next_round()
@@ -624,6 +624,18 @@ def test_policy_sessions_take_the_default_rounds_the_static_plan():
     np.testing.assert_array_equal(session.next_round(), policy.allocate(p, 40).counts)
     explicit = sera_opt.get_policy("uniform", offset=1).start_rounds(np.full(5, 0.3), 40, rounds=4)
     assert explicit.rounds == 4 and explicit.round_budgets == (20, 7, 7, 6)
+
+
+@pytest.mark.parametrize("option", [{"first_round": 2}, {"later_budgets": [10, 10]}])
+def test_a_round_option_without_rounds_is_refused_not_ignored(option):
+    # The default is one round, which has no first round to size nor later rounds to
+    # split: an option that asks for rounds says so rather than running the static plan.
+    policy = sera_opt.get_policy("uniform", offset=1)
+    with pytest.raises(sera_opt.SeraOptError,
+                       match=rf"{next(iter(option))} asks for rounds.*one round.*rounds=4"):
+        policy.start_rounds(np.full(4, 0.3), 32, **option)
+    with pytest.raises(sera_opt.SeraOptError, match="asks for rounds"):
+        sera_opt.RolloutPlanner().start_rounds(range(4), 32, **option)
 
 
 def test_the_planner_session_leaves_the_tracker_to_the_caller_when_asked():

@@ -336,7 +336,8 @@ class AllocationPolicy(ABC):
         first_round : int, optional
             Rollouts per prompt in the first, non-adaptive round (at least the prompt's
             ``min_rollouts``). Default: half the average count, ``budget // (2 M)``, and
-            at least ``min_rollouts``.
+            at least ``min_rollouts``. With ``rounds`` not given it (and
+            ``later_budgets``) is refused: the default is one round, which has neither.
         later_budgets : sequence of int, optional
             The budgets of rounds 2..R (``R - 1`` of them, summing to what the first
             round leaves). Default: what is left, split evenly.
@@ -362,6 +363,15 @@ class AllocationPolicy(ABC):
         named = rounds is not None
         rounds = DEFAULT_ROUNDS if rounds is None else validate_count(rounds, "rounds",
                                                                       minimum=1)
+        if not named and rounds == 1:
+            # The default, one round, would run the static plan and drop these silently.
+            for option, value in (("first_round", first_round), ("later_budgets", later_budgets)):
+                if value is not None:
+                    raise SeraOptError(
+                        f"{option} asks for rounds, but none were named and the default is one "
+                        f"round (the static plan); pass rounds=R >= 2 (for example rounds=4), or "
+                        f"drop {option}."
+                    )
         if rounds > 1 and self.round_mode is None:
             raise SeraOptError(
                 f"policy {self.name!r} does not run in rounds (its round_mode is None): declare "
