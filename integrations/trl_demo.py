@@ -186,6 +186,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ):
         print("--rounds and --first-round must be >= 1", file=sys.stderr)
         return 2
+    if options.first_round is not None and (options.rounds or 1) < 2:
+        # The trainer's default is one call per step, which has no first round to size.
+        print("--first-round needs --rounds 2 or more (for example --rounds 4): by default each "
+              "step is generated in one call", file=sys.stderr)
+        return 2
     if options.num_prompts < options.prompts_per_step:
         print("--num-prompts must be at least --prompts-per-step", file=sys.stderr)
         return 2

@@ -547,3 +547,7 @@ def test_demo_refuses_bad_rounds(capsys):
 
     assert trl_demo.main(["--rounds", "0"]) == 2
     assert "--rounds" in capsys.readouterr().err
+    # A first round needs rounds: the default is one call per step.
+    for argv in (["--first-round", "2"], ["--rounds", "1", "--first-round", "2"]):
+        assert trl_demo.main(argv) == 2
+        assert "--first-round needs --rounds 2 or more" in capsys.readouterr().err
