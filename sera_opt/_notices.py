@@ -1,14 +1,17 @@
 """The library's notices (a kernel is compiling, the kernel cache cannot be used):
-log records of the ``sera_opt`` logger, written to standard error and never to
-standard output, so that a command's output stays clean.
+log records of the ``sera_opt.notices`` logger, written to standard error and never
+to standard output, so that a command's output stays clean.
 
-The logger has its own handler, which writes the bare message to whatever
+That logger has its own handler, which writes the bare message to whatever
 ``sys.stderr`` is when the notice is emitted (nothing when standard error is
 closed: ``print(file=sys.stderr)`` would then write to standard output), and it
 does not propagate, so that an application that configures the root logger does
 not see each notice twice. Silence the notices with
-``logging.getLogger("sera_opt").setLevel(logging.ERROR)``; send them elsewhere by
-replacing the logger's handlers (or set ``propagate = True`` and remove ours).
+``logging.getLogger("sera_opt").setLevel(logging.ERROR)`` (or the same on
+``"sera_opt.notices"``); send them elsewhere by replacing the logger's handlers
+(or set ``propagate = True`` and remove ours). The package's other loggers
+(``sera_opt.integrations.*``) are left as the logging module makes them: they
+propagate to the application's handlers.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ import sys
 
 __all__ = ["LOGGER", "notice"]
 
-LOGGER = logging.getLogger("sera_opt")
+LOGGER = logging.getLogger("sera_opt.notices")
+#: The package's logger: a level set on it (to silence the notices) is honoured too.
+_PACKAGE = logging.getLogger("sera_opt")
 
 
 class _StderrHandler(logging.StreamHandler):
@@ -52,5 +57,8 @@ if not any(isinstance(handler, _StderrHandler) for handler in LOGGER.handlers):
 
 
 def notice(message: str, *, level: int = logging.WARNING) -> None:
-    """Emit ``message`` (one line, starting with ``"sera_opt: "``) on the ``sera_opt`` logger."""
+    """Emit ``message`` (one line, starting with ``"sera_opt: "``) on the notices' logger,
+    unless a level set on the package's logger is above ``level``."""
+    if _PACKAGE.level > level:
+        return
     LOGGER.log(level, message)
