@@ -19,7 +19,8 @@ PAGES = [REPO / "README.md",
          *sorted(p for p in (REPO / "docs").glob("*.md") if p.name != "architecture.md")]
 ADAPTERS = ("sera_opt.integrations", "sera_opt.benchmarks")
 
-_DOTTED = re.compile(r"(?<![\w/.$])sera_opt(?:\.[A-Za-z_]\w*)+")
+# A name in quotes is a string (a logger's name, ``getLogger("sera_opt.notices")``), not a path.
+_DOTTED = re.compile(r"(?<![\w/.$\"'])sera_opt(?:\.[A-Za-z_]\w*)+")
 _FROM = re.compile(r"^\s*from\s+(sera_opt(?:\.\w+)*)\s+import\s+(\([^)]*\)|[^\n#]+)", re.MULTILINE)
 
 
@@ -65,7 +66,7 @@ def test_the_collector_reads_both_forms():
     text = ("Call `sera_opt.allocate(p, 8)`; see site-packages/sera_opt/x.\n"
             "```python\nfrom sera_opt.solvers.separable import (PointLevels,\n    BetaLevels)\n"
             "from sera_opt import Allocation as A, Solver  # two\n```\n"
-            "sera_opt.integrations.trl is elsewhere.")
+            "sera_opt.integrations.trl is elsewhere. logging.getLogger(\"sera_opt.notices\").")
     assert documented_names(text) == {
         "sera_opt.allocate", "sera_opt.solvers.separable", "sera_opt.solvers.separable.PointLevels",
         "sera_opt.solvers.separable.BetaLevels", "sera_opt.Allocation", "sera_opt.Solver"}
