@@ -100,7 +100,7 @@ def test_allocate_equals_policy_allocate(m):
 @given(seed=st.integers(0, 2**32 - 1), m=st.integers(400, 2500), ties=st.booleans(),
        identical=st.booleans(), share=st.floats(0.01, 0.99))
 def test_the_training_batch_kernel_equals_exhaustive_sort(seed, m, ties, identical, share):
-    """``closed_solve``, the one kernel of every batch below SUBSAMPLE_FROM rows, against
+    """``closed_solve`` (the entry of every batch below SUBSAMPLE_FROM rows), against
     the sort of all gains, on the sizes where it opens its bracket from the rows'
     extremes and from a subsample, with spare budgets beyond the one-at-a-time kernel's
     (so that the bracket and its heap hand the rollouts out), ties, and batches of
@@ -126,6 +126,52 @@ def test_the_training_batch_kernel_equals_exhaustive_sort(seed, m, ties, identic
             closed_entry_counts("closed_solve", objective, budget, lo, hi),
             sorted_reference(objective, budget, lo, hi),
             err_msg=f"{type(objective).__name__}, {m} rows, spare {spare}")
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), m=st.integers(20, 700), share=st.floats(0.001, 0.3))
+def test_the_bracket_search_is_exact_at_small_spares_too(seed, m, share):
+    """``bracket_solve``, which ``closed_solve`` calls only beyond STEPWISE_MAX_SPARE
+    spare rollouts, is exact at any spare: called directly with the small ones that
+    ``closed_solve`` hands out one at a time, it gives the counts of the exhaustive sort."""
+    from sera_opt.kernels.kinds import CLOSED_FORM_KINDS
+
+    rng = np.random.default_rng(seed)
+    lo = rng.integers(2, 4, m)
+    hi = lo + rng.integers(0, 12, m)
+    total = int((hi - lo).sum())
+    if total < 2:
+        return
+    budget = int(lo.sum()) + min(max(1, int(share * total)), total - 1)
+    for objective in objectives_for(rng, m, ties=False):
+        if objective._kind in CLOSED_FORM_KINDS:
+            np.testing.assert_array_equal(
+                closed_entry_counts("bracket_solve", objective, budget, lo, hi),
+                sorted_reference(objective, budget, lo, hi),
+                err_msg=f"{type(objective).__name__}, {m} rows")
+
+
+def test_closed_solve_enters_one_kernel_by_the_spare(monkeypatch):
+    """``closed_solve`` calls the one-at-a-time kernel up to STEPWISE_MAX_SPARE spare
+    rollouts and the bracket search beyond, each alone: a first call with a small spare
+    compiles only the small kernel."""
+    from sera_opt.kernels import closed
+    from sera_opt.kernels.kinds import STEPWISE_MAX_SPARE
+
+    entered = []
+    for name in ("stepwise_counts", "bracket_solve"):
+        real = getattr(closed, name)
+        monkeypatch.setattr(closed, name,
+                            lambda *args, _name=name, _real=real: entered.append(_name)
+                            or _real(*args))
+    m = 400
+    lo, hi = np.full(m, 2), np.full(m, 10)
+    objective = AlphaFairUtility(np.linspace(0.05, 0.95, m), 1.0, offset=1)
+    for spare in (1, STEPWISE_MAX_SPARE, STEPWISE_MAX_SPARE + 1, 3000):
+        counts = closed_entry_counts("closed_solve", objective, int(lo.sum()) + spare, lo, hi)
+        np.testing.assert_array_equal(counts, sorted_reference(objective, int(lo.sum()) + spare,
+                                                               lo, hi))
+    assert entered == ["stepwise_counts"] * 2 + ["bracket_solve"] * 2, entered
 
 
 def test_the_planner_reads_a_batch_of_string_ids_once(monkeypatch):

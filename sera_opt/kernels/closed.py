@@ -20,8 +20,8 @@ from .selection import kth_largest, pick_ties, take_beyond
 
 _INF = np.inf
 
-__all__ = ["CLOSED_SUBSAMPLE_FROM", "closed_counts_sampled_exact", "closed_solve",
-           "stepwise_counts", "strided_subsample"]
+__all__ = ["CLOSED_SUBSAMPLE_FROM", "bracket_solve", "closed_counts_sampled_exact",
+           "closed_solve", "stepwise_counts", "strided_subsample"]
 
 # The memo of rows with equal parameters (see _closed_count and _memo_new): 64
 # entries, indexed by the top bits of a multiplicative hash of the parameters' bits.
@@ -327,14 +327,16 @@ def _closed_level(kind, p0, p1, p2, c, lo, hi, spare, fbuf, ibuf):
     return value_a
 
 
-# The max-sum kinds whose crossings are known in closed form have two entry kernels,
-# chosen in Python by the problem's size (:func:`sera_opt.kernels.kinds.closed_entry`):
-# :func:`closed_solve` below ``SUBSAMPLE_FROM`` rows, which holds every way of solving a
-# training batch (one rollout at a time for a small spare, else the bracket search), so
-# that the first call of a run compiles what all its later batches need, whatever their
-# size; and :func:`closed_counts_sampled_exact` for the largest problems, whose subsample
-# is solved by the general engine (numba compiles a kernel with every function it can
-# call, so no training batch compiles that engine).
+# The max-sum kinds whose crossings are known in closed form have three entry kernels,
+# chosen in Python by the problem (:func:`closed_solve` below ``SUBSAMPLE_FROM`` rows, by
+# the spare rollouts; :func:`sera_opt.kernels.kinds.closed_entry` by the rows): numba
+# compiles a kernel with every function it can call, so a first call compiles only the
+# way of solving it takes. :func:`stepwise_counts` hands a small spare out one rollout at
+# a time (a small kernel: the demo's and a small batch's first call compile in about a
+# fifth of the bracket search's time); :func:`bracket_solve` searches a bracket for a
+# larger spare below ``SUBSAMPLE_FROM`` rows, opened from the rows' extremes or a
+# subsample by their number; :func:`closed_counts_sampled_exact` serves the largest
+# problems, whose subsample is solved by the general engine.
 
 
 @njit(cache=True, error_model="numpy", inline="always")
@@ -542,14 +544,28 @@ def closed_counts_sampled_exact(kind, p0, p1, p2, c, lo, hi, spare, stats, work_
                           c_a, c_b, ends, slot, known, fbuf, ibuf)
 
 
-@njit(cache=True, error_model="numpy")
 def closed_solve(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out):
-    """The engine for max-sum kinds whose crossings are known in closed form, below
-    ``SUBSAMPLE_FROM`` rows (exact at any size): one kernel for every batch size below
-    it, so that a first call compiles all a training run's batches will need.
+    """The counts of the max-sum kinds whose crossings are known in closed form, below
+    ``SUBSAMPLE_FROM`` rows (exact at any size; the same arguments and tie rule as every
+    entry kernel): up to ``STEPWISE_MAX_SPARE`` spare rollouts by
+    :func:`stepwise_counts`, more by :func:`bracket_solve`.
 
-    Up to ``STEPWISE_MAX_SPARE`` spare rollouts are handed out one at a time
-    (:func:`stepwise_counts`). Otherwise the bracket ``(b, a]`` with ``C(a) <= spare <=
+    Chosen here in Python rather than inside one kernel, because numba compiles a kernel
+    with everything it can call: a first call with a small spare (the demo, a small
+    batch) then compiles the one-at-a-time kernel alone, about a fifth of the bracket
+    search's compile time."""
+    if spare <= STEPWISE_MAX_SPARE:
+        return stepwise_counts(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out)
+    return bracket_solve(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out)
+
+
+@njit(cache=True, error_model="numpy")
+def bracket_solve(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out):
+    """The bracket search for max-sum kinds whose crossings are known in closed form,
+    below ``SUBSAMPLE_FROM`` rows (exact at any size and spare; :func:`closed_solve`
+    calls it for more than ``STEPWISE_MAX_SPARE`` spare rollouts).
+
+    The bracket ``(b, a]`` with ``C(a) <= spare <=
     C(b)`` is opened from the rows' extreme gains (below ``CLOSED_SUBSAMPLE_FROM`` rows)
     or from a strided subsample solved for its share of the budget; regula falsi on the
     count (alternating with bisection on the bit order of the value) narrows it, each
@@ -570,8 +586,6 @@ def closed_solve(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out):
         return counts_from(lo, out)
     if spare >= total:
         return counts_from(hi, out)
-    if spare <= STEPWISE_MAX_SPARE:
-        return stepwise_counts(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out)
     fbuf = np.empty(1, dtype=np.float64)
     ibuf = fbuf.view(np.int64)
     ends, slot, known = _closed_ends(lo, hi, _YES, work_i)

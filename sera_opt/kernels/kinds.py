@@ -44,19 +44,20 @@ SUBSAMPLE_FROM = 32768
 
 
 #: Up to this many spare rollouts (above the minimums) the closed-form kinds are solved
-#: one rollout at a time (:func:`sera_opt.kernels.closed.stepwise_counts`, within
-#: :func:`~sera_opt.kernels.closed.closed_solve`): there it takes 0.2x to 1.4x the bracket
-#: search's time (tens of microseconds either way).
+#: one rollout at a time (:func:`sera_opt.kernels.closed.stepwise_counts`, which
+#: :func:`~sera_opt.kernels.closed.closed_solve` enters alone, so that a small first call
+#: compiles only it): there it takes 0.2x to 1.4x the bracket search's time (tens of
+#: microseconds either way).
 STEPWISE_MAX_SPARE = 1024
 
 
 def closed_entry(num_rows: int) -> str:
     """The name of the entry kernel in :mod:`sera_opt.kernels.closed` for ``num_rows`` rows.
 
-    Below ``SUBSAMPLE_FROM`` rows one kernel serves every size and spare
-    (:func:`~sera_opt.kernels.closed.closed_solve`), so that a training run's first call
-    compiles what its later batches need whatever their size (numba compiles a kernel
-    together with everything it can call); from ``SUBSAMPLE_FROM`` rows on, the kernel
+    Below ``SUBSAMPLE_FROM`` rows :func:`~sera_opt.kernels.closed.closed_solve`, which
+    enters the one-at-a-time kernel or the bracket search by the spare rollouts (numba
+    compiles a kernel together with everything it can call, so a first call compiles only
+    the one it takes); from ``SUBSAMPLE_FROM`` rows on, the kernel
     whose subsample is solved exactly by the general engine, which no smaller problem
     compiles."""
     if num_rows < SUBSAMPLE_FROM:
