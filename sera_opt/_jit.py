@@ -4,12 +4,15 @@ The numba kernels are compiled on first use and cached on disk: the first call
 after installing takes several seconds, every later process loads them in a
 fraction of one. Every kernel module compiles with :func:`njit` (numba's, with
 the cache in the key-named directory of :mod:`sera_opt._kernel_cache`, outside
-the installed package). :func:`announce_compilation` writes one line on
-standard error when a kernel is about to be compiled: at most once a minute, so that a
-first step that compiles several kernels says so once, and a later call that compiles
-another one (a larger batch takes another solver kernel) says so again;
+the installed package). A kernel that numba compiles (one not in its cache) is
+announced by name when its compile starts and again when it is done, with the seconds
+it took (:class:`_CompileNotices`, a listener of numba's compile events, so that only
+real compiles are announced, never a load from the cache): the start notice at most
+once a minute, so that a first step that compiles several kernels says so once, and a
+later call that compiles another one (another policy's kernel) says so again; the
+done notice for every kernel that took at least :data:`DONE_AFTER_S` seconds.
 :func:`kernels` imports a kernel module on first use (so that ``import sera_opt``
-does not load numba) and announces each kernel the first time it is looked up.
+does not load numba).
 
 The notices are records of the ``sera_opt`` logger on standard error
 (:mod:`sera_opt._notices`), never lines on standard output.
@@ -38,17 +41,19 @@ from types import ModuleType
 from . import _kernel_cache
 from ._notices import notice
 
-__all__ = ["announce_compilation", "kernels", "njit"]
+__all__ = ["kernels", "njit"]
 
-_CHECKED: set[tuple[str, ...]] = set()
-_LOADED: dict[str, _Kernels] = {}
-# When a compile was last announced, or covered by a notice (time.monotonic); None
-# before the first one.
+_LOADED: dict[str, ModuleType] = {}
+# When a compile was last announced, or ended within a notice's cover (time.monotonic);
+# None before the first one.
 _ANNOUNCED_AT: float | None = None
 #: Kernels compiled within this many seconds of a notice are covered by it.
 REPEAT_AFTER_S = 60.0
+#: A compile that took at least this many seconds says when it is done.
+DONE_AFTER_S = 0.5
+#: The start of every notice that a compile begins (the kernel's name follows).
 MESSAGE = ("sera_opt: compiling the solver (once per version; later runs load it "
-           "from the kernel cache, `sera-opt cache` says where) ...")
+           "from the kernel cache, `sera-opt cache` says where)")
 _DECORATING = threading.Lock()
 
 
@@ -86,6 +91,7 @@ def njit(function=None, **options):
 
     if config.DISABLE_JIT:
         return _as_python(function)
+    _listen_to_compiles()
     if options.pop("cache", False):
         dispatcher = numba.njit(**options)(function)
         _CACHING.add(dispatcher)
@@ -189,54 +195,83 @@ def _records(value, np):
     return value
 
 
-def _is_cached(dispatcher) -> bool:
-    """Whether numba's on-disk cache holds this kernel (its index file exists)."""
-    try:
-        return os.path.exists(dispatcher._cache._cache_file._index_path)
-    except AttributeError:  # not a caching dispatcher, or numba's internals moved
-        return True
+def _kernel_name(dispatcher) -> str | None:
+    """``module.kernel`` within the package for a kernel of sera_opt (``kernels.closed.
+    stepwise_counts``), else None."""
+    function = getattr(dispatcher, "py_func", None)
+    module = getattr(function, "__module__", "") or ""
+    if not module.startswith("sera_opt."):
+        return None
+    return f"{module[len('sera_opt.'):]}.{function.__name__}"
 
 
-def announce_compilation(module: ModuleType, *names: str) -> None:
-    """Print :data:`MESSAGE` if one of the kernels ``names`` of ``module`` (kernels
-    called from Python; helpers inlined into them are never cached) is neither
-    compiled in this process nor in numba's cache yet, unless a notice was printed in
-    the last :data:`REPEAT_AFTER_S` seconds (the compile it announced covers this one)."""
+class _CompileNotices:
+    """Says which kernel numba compiles and when it is done, from numba's
+    ``numba:compile`` events (sent only when a kernel is compiled, not when it is loaded
+    from the cache). Only the outermost compile of a sera_opt kernel is announced: the
+    kernels it calls compile within it and are covered by its notices."""
+
+    def __init__(self):
+        self.depth = 0
+        self.started = 0.0
+
+    def notify(self, event) -> None:
+        name = _kernel_name(event.data.get("dispatcher"))
+        if name is None:
+            return
+        if event.is_start:
+            self.depth += 1
+            if self.depth == 1:
+                self.started = time.monotonic()
+                _announce_start(name, self.started)
+        elif self.depth > 0:
+            self.depth -= 1
+            if self.depth == 0:
+                _announce_done(name, self.started, time.monotonic())
+
+
+def _announce_start(name: str, now: float) -> None:
+    """:data:`MESSAGE` with the kernel's name, unless a notice was given (or a covered
+    compile ended) in the last :data:`REPEAT_AFTER_S` seconds."""
     global _ANNOUNCED_AT
-    key = (module.__name__, *names)
-    if key in _CHECKED:
-        return
-    _CHECKED.add(key)
-    dispatchers = [getattr(module, name) for name in names]
-    missing = [d for d in dispatchers if not d.signatures and not _is_cached(d)]
-    if not missing:
-        return
-    now = time.monotonic()
     if _ANNOUNCED_AT is None or now - _ANNOUNCED_AT > REPEAT_AFTER_S:
-        notice(MESSAGE, level=logging.INFO)
+        notice(f"{MESSAGE}: {name} ...", level=logging.INFO)
     _ANNOUNCED_AT = now
 
 
-class _Kernels:
-    """A kernel module whose kernels are announced (:func:`announce_compilation`) the
-    first time each is looked up: a kernel that is never called is never reported as
-    about to compile. After the first lookup a kernel is a plain attribute."""
-
-    def __init__(self, module: ModuleType):
-        self._module = module
-
-    def __getattr__(self, name: str):
-        kernel = getattr(self._module, name)
-        if hasattr(kernel, "signatures"):
-            announce_compilation(self._module, name)
-        setattr(self, name, kernel)
-        return kernel
+def _announce_done(name: str, started: float, now: float) -> None:
+    global _ANNOUNCED_AT
+    _ANNOUNCED_AT = now  # the next kernel of the same step is covered by this notice
+    if now - started >= DONE_AFTER_S:
+        notice(f"sera_opt: compiled {name} in {now - started:.1f} s", level=logging.INFO)
 
 
-def kernels(module_name: str) -> _Kernels:
+_LISTENER: _CompileNotices | None = None
+
+
+def _listen_to_compiles() -> None:
+    """Register :class:`_CompileNotices` with numba's events, once per process."""
+    global _LISTENER
+    if _LISTENER is not None:
+        return
+    from numba.core import event
+
+    class Listener(event.Listener):
+        def on_start(self, ev):
+            notices.notify(ev)
+
+        def on_end(self, ev):
+            notices.notify(ev)
+
+    notices = _CompileNotices()
+    event.register("numba:compile", Listener())
+    _LISTENER = notices
+
+
+def kernels(module_name: str) -> ModuleType:
     """The kernel module ``module_name`` (absolute, e.g. ``"sera_opt.tracking.index_kernels"``),
-    imported on first use; each kernel is announced when first looked up on it."""
+    imported on first use (so that ``import sera_opt`` does not load numba)."""
     loaded = _LOADED.get(module_name)
     if loaded is None:
-        loaded = _LOADED[module_name] = _Kernels(importlib.import_module(module_name))
+        loaded = _LOADED[module_name] = importlib.import_module(module_name)
     return loaded

@@ -103,3 +103,38 @@ def test_a_tracker_with_decay_compiles_its_own_update(tmp_path):
     assert "sera_opt.tracking.evidence_kernels.update_evidence_decayed" in got
     assert "sera_opt.tracking.evidence_kernels.update_evidence" not in got
 
+
+NOTICES = r"""
+import sys
+import numpy as np
+import sera_opt, sera_opt._jit as jit
+jit.DONE_AFTER_S = 0.0
+planner = sera_opt.RolloutPlanner()
+planner.plan(np.arange(64), 512)
+print("--", file=sys.stderr, flush=True)
+planner.plan(np.arange(64), 512)
+"""
+
+
+@pytest.mark.slow
+def test_the_notice_says_what_it_compiles_and_when_it_is_done(tmp_path):
+    """A first plan's notices on standard error: one that compiling starts, naming the
+    kernel, and one per kernel compiled outermost, naming it with its seconds; the
+    solver's kernel among them. A second plan in the process compiles nothing and is
+    quiet; so is a new process that loads the kernels from the cache."""
+    from sera_opt._jit import MESSAGE
+
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env["SERA_OPT_CACHE_DIR"] = str(tmp_path)
+    runs = [subprocess.run([sys.executable, "-c", NOTICES], capture_output=True, text=True,
+                           env=env, timeout=900) for _ in range(2)]
+    assert all(run.returncode == 0 for run in runs), runs[-1].stderr
+    first, again = runs[0].stderr.split("--\n")
+    lines = first.splitlines()
+    assert sum(MESSAGE in line for line in lines) == 1, first
+    assert lines[0].startswith(MESSAGE + ": ") and lines[0].endswith(" ..."), first
+    done = [line for line in lines if line.startswith("sera_opt: compiled ")]
+    assert any(line.startswith("sera_opt: compiled kernels.closed.stepwise_counts in ")
+               and line.endswith(" s") for line in done), first
+    assert again == "", again
+    assert runs[1].stderr == "--\n", runs[1].stderr
