@@ -666,7 +666,7 @@ def test_the_python_list_of_closed_form_kinds_is_the_kernels_own():
     assert {kind for kind in numbers if gains.closed_form(kind)} == kinds.CLOSED_FORM_KINDS
 
 
-CLOSED_ENTRIES = ("stepwise_counts", "closed_solve", "closed_counts_sampled_exact")
+CLOSED_ENTRIES = ("stepwise_counts", "bracket_solve", "closed_solve", "closed_counts_sampled_exact")
 
 
 def closed_entry_counts(name, objective, budget, lo, hi):
@@ -685,12 +685,12 @@ def closed_entry_counts(name, objective, budget, lo, hi):
 @given(seed=st.integers(0, 2**32 - 1), m=st.integers(20, 700), ties=st.booleans(),
        share=st.floats(0.001, 0.999))
 def test_every_closed_form_entry_equals_exhaustive_sort(seed, m, ties, share):
-    """The closed-form kinds have two entry kernels (one for every batch below
-    SUBSAMPLE_FROM rows, which opens its bracket from the rows' extremes or from a
-    subsample by their number, and one whose subsample is solved exactly) and the
-    one-at-a-time kernel the first calls for a small spare: each is checked here by
-    itself, on sizes from 20 rows (the subsample entry takes one row in sixteen), against
-    the sort of all gains."""
+    """The closed-form kinds have two entries (``closed_solve`` for every batch below
+    SUBSAMPLE_FROM rows, which calls the one-at-a-time kernel for a small spare and the
+    bracket search otherwise, which opens its bracket from the rows' extremes or from a
+    subsample by their number; and one whose subsample is solved exactly): each entry and
+    each kernel is checked here by itself, on sizes from 20 rows (the subsample entry
+    takes one row in sixteen), against the sort of all gains."""
     from sera_opt.kernels.kinds import CLOSED_FORM_KINDS
 
     rng = np.random.default_rng(seed)
@@ -711,9 +711,9 @@ def test_every_closed_form_entry_equals_exhaustive_sort(seed, m, ties, share):
 
 
 def test_the_solver_takes_the_entry_the_size_calls_for(monkeypatch):
-    """``closed_entry`` picks the kernel by the rows alone (one kernel for every batch
-    below SUBSAMPLE_FROM rows, whatever its spare rollouts), and the solver calls the
-    kernel it names."""
+    """``closed_entry`` picks the entry by the rows alone (one entry for every batch
+    below SUBSAMPLE_FROM rows, whatever its spare rollouts; it picks its kernel by the
+    spare), and the solver calls the entry it names."""
     from sera_opt.kernels import kinds
 
     assert kinds.closed_entry(64) == "closed_solve"
