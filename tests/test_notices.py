@@ -17,20 +17,41 @@ def package_level():
     package.setLevel(before)
 
 
-def test_a_notice_goes_to_stderr_and_not_to_the_root_logger(capsys, caplog):
-    with caplog.at_level(logging.DEBUG):
-        notice("sera_opt: a notice")
+class _Collect(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.records = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+@pytest.fixture
+def root_handler():
+    """A handler on the root logger, as an application's logging configuration puts one
+    (pytest's own ``caplog`` also sees loggers that do not propagate, so it cannot tell)."""
+    root = logging.getLogger()
+    handler, level = _Collect(), root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    yield handler
+    root.removeHandler(handler)
+    root.setLevel(level)
+
+
+def test_a_notice_goes_to_stderr_and_not_to_the_root_logger(capsys, root_handler):
+    notice("sera_opt: a notice")
     out, err = capsys.readouterr()
     assert out == "" and err == "sera_opt: a notice\n", (out, err)
-    assert not [r for r in caplog.records if r.name == LOGGER.name], "a notice reached the root logger"
+    assert not [r for r in root_handler.records if r.name == LOGGER.name], \
+        "a notice reached the root logger's handlers"
 
 
-def test_the_integrations_loggers_reach_the_applications_handlers(caplog):
+def test_the_integrations_loggers_reach_the_applications_handlers(root_handler):
     # A trainer adapter's warning (a missing planner file on resume) must reach the
     # handlers an application configured, as any library's log records do.
-    with caplog.at_level(logging.WARNING):
-        logging.getLogger("sera_opt.integrations.some_adapter").warning("resumed without a file")
-    assert any(r.getMessage() == "resumed without a file" for r in caplog.records)
+    logging.getLogger("sera_opt.integrations.some_adapter").warning("resumed without a file")
+    assert any(r.getMessage() == "resumed without a file" for r in root_handler.records)
 
 
 @pytest.mark.parametrize("name", ["sera_opt", "sera_opt.notices"])
