@@ -117,10 +117,10 @@ def summarize(payload: dict) -> dict[str, Any]:
         return [np.asarray(_harness.at_cost(runs[arm][s]["at_cost"][point], points[point]),
                            dtype=np.float64) for s in seeds]
 
-    comparisons = [(role, "static uniform") for role in roles if role != "static uniform"]
+    comparisons = [(role, "static uniform") for role in roles
+                   if role not in ("static uniform", "stock trl")]
     if kind == "trl":
-        comparisons += [(role, "stock trl") for role in roles
-                        if role not in ("stock trl",)]
+        comparisons += [(role, "stock trl") for role in roles if role != "stock trl"]
     comparisons += [(cand, "static") for cand in CANDIDATES]
     paired: dict[str, dict[str, Any]] = {}
     for point, amount in points.items():
