@@ -1,4 +1,9 @@
-"""The path users run by default: its kernels, the planner, ``allocate()`` and first use.
+"""The allocation path by estimates: its kernels, the planner, ``allocate()`` and first use.
+
+The planner measured is ``RolloutPlanner("sera-fair", alpha=1.0, offset=1,
+min_rollouts=2)``, the planner's default until the cost rule of docs/benchmarks.md made
+uniform allocation the default (whose plan solves nothing), and the allocation by
+estimates to try first.
 
 Measured in one process, each case against ``np.sort`` and ``np.partition`` of the
 same array timed in the same rounds (medians of the calling thread's CPU time,
@@ -9,7 +14,7 @@ of load on a shared machine touches all of them alike):
   ``sera-fair`` at alpha 0, 1 and 2 (the closed-form kinds), alpha 0.5 and
   ``sera-bayes`` (the general engine), and ``sera`` (the waterline), for
   ``p ~ U(0, 1)`` and M in 256, 1,024, 4,096, 65,536 and 10^6;
-* **planner**: ``RolloutPlanner(max_rollouts=64).plan(ids, 8 M)`` at M = 1,024 with
+* **planner**: that planner's ``plan(ids, 8 M)`` (``max_rollouts=64``) at M = 1,024 with
   integer and with string ids (ids the tracker has seen once), and the planning of
   a 4-round session (``start_rounds`` and every ``next_round``; rewards are drawn
   outside the clock);
@@ -17,7 +22,7 @@ of load on a shared machine touches all of them alike):
   beside ``policy.allocate`` of the same arrays, at M = 1,024;
 * **first use**: a fresh process with an empty kernel cache (a new
   ``SERA_OPT_CACHE_DIR``) runs ``plan`` + ``observe`` + ``plan`` + a 4-round
-  session of the default planner at M = 64 and at M = 1,024 (wall time; the
+  session of that planner at M = 64 and at M = 1,024 (wall time; the
   notices it prints are recorded).
 
 The JSON records the CPU's flags (``/proc/cpuinfo``), what the baselines depend on.
@@ -72,7 +77,7 @@ import sera_opt
 m = int(sys.argv[1])
 rng = np.random.default_rng(0)
 t1 = time.perf_counter()
-planner = sera_opt.RolloutPlanner()
+planner = sera_opt.RolloutPlanner("sera-fair", alpha=1.0, offset=1, min_rollouts=2)
 ids = np.arange(m)
 first = planner.plan(ids, 8 * m)
 t2 = time.perf_counter()
@@ -159,7 +164,8 @@ def measure_planner(repeats: int, show: bool) -> dict:
     p = rng.uniform(0, 1, m)
     planners = {}
     for kind, ids in (("int", np.arange(m)), ("str", [f"prompt-{i}" for i in range(m)])):
-        planner = sera_opt.RolloutPlanner(max_rollouts=MAX_ROLLOUTS)
+        planner = sera_opt.RolloutPlanner("sera-fair", alpha=1.0, offset=1, min_rollouts=2,
+                                          max_rollouts=MAX_ROLLOUTS)
         counts = planner.plan(ids, budget).counts
         planner.observe(np.repeat(np.asarray(ids), counts),
                         rng.random(int(counts.sum())) < np.repeat(p, counts))

@@ -1,7 +1,10 @@
 """First use: what a new process with an empty kernel cache pays, and where it goes.
 
 A fresh process with an empty kernel cache (a new temporary ``SERA_OPT_CACHE_DIR``)
-runs a new user's first step: ``RolloutPlanner().plan(ids, 8 M)`` for M prompts,
+runs a first step of the planner by estimates, ``RolloutPlanner("sera-fair",
+alpha=1.0, offset=1, min_rollouts=2).plan(ids, 8 M)`` for M prompts (the planner's
+default until the cost rule of docs/benchmarks.md made it uniform allocation, which
+compiles nothing),
 ``observe`` of the rollouts' rewards, and ``plan`` again. A second fresh process
 with the now warm cache runs the same step: the difference is the compile time, the
 warm figure is the cost of loading the cache. In the cold process numba's compile
@@ -11,7 +14,7 @@ subtracts those). Baselines, timed in each process: ``import numpy`` (already
 loaded; so instead one ``np.sort`` of 10^6 floats) and the import of numba itself.
 
 The target (under 10 s) is for M = 64, a new user's first batch. Larger batches
-solve by other kernels (the default policy hands out up to
+solve by other kernels (the policy hands out up to
 ``STEPWISE_MAX_SPARE`` rollouts one at a time, more by the bracket search, from a
 subsample at ``CLOSED_SUBSAMPLE_FROM`` prompts and more), so their first use
 compiles more; ``--prompts`` measures them too (default 64, 256 and 1,024).
@@ -54,7 +57,7 @@ if sys.argv[1] == "record":
     event.register("numba:compile", recorder)
 import sera_opt
 t1 = time.perf_counter()
-planner = sera_opt.RolloutPlanner()
+planner = sera_opt.RolloutPlanner("sera-fair", alpha=1.0, offset=1, min_rollouts=2)
 ids = np.arange(%(m)d)
 first = planner.plan(ids, %(budget)d)
 t2 = time.perf_counter()
@@ -162,7 +165,7 @@ def main(argv=None) -> int:
     payload = {
         "machine": _harness.machine_info(),
         "setup": {"per_prompt": PER_PROMPT, "sizes": list(sizes), "repeats": repeats,
-                  "policy": "RolloutPlanner() default", "target_prompts": M},
+                  "policy": "RolloutPlanner('sera-fair', alpha=1.0, offset=1, min_rollouts=2)", "target_prompts": M},
         "target_s": TARGET_S, "sizes": results,
     }
     path = _harness.write_json(args.out, "first_use", payload)

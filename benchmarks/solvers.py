@@ -146,13 +146,12 @@ def targets(rows: list[dict]) -> dict:
 
 def _has_peer_target(label: str) -> bool:
     """Whether a policy row is held to the peers' 10x: the peers' rules (their classes live
-    in ``sera_opt.policies.peers``) and the default policy with its family arms; SERA has
-    its own targets, and the other policies of sera_opt (``uniform``, ``sera-bayes``) none."""
-    from sera_opt.planner import DEFAULT_POLICY
+    in ``sera_opt.policies.peers``) and ``sera-fair`` with its family arms; SERA has its
+    own targets, and the other policies of sera_opt (``uniform``, ``sera-bayes``) none."""
     from sera_opt.policies import POLICIES
 
     name = label.partition(":")[0]
-    return name == DEFAULT_POLICY or POLICIES.lookup(name).__module__ == "sera_opt.policies.peers"
+    return name == "sera-fair" or POLICIES.lookup(name).__module__ == "sera_opt.policies.peers"
 
 
 def instance(m: int, rng: np.random.Generator) -> np.ndarray:

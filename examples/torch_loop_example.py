@@ -13,6 +13,9 @@ advantages, loss, backward, and the rewards go back to the planner. ``--rounds R
 (opt-in, R >= 2) follows ``maxrl_round_step`` instead: a first look at every prompt,
 then the rest where no answer has been right yet, one sampling call per round.
 
+The planner allocates with ``sera-fair`` at alpha 1 (``--policy`` names another; the library's
+default planner, ``RolloutPlanner()``, allocates uniformly).
+
 Run: ``python examples/torch_loop_example.py [--steps 40] [--policy sera|uniform] [--rounds 4]``
 """
 
@@ -50,7 +53,7 @@ def train(
     num_prompts: int = 16,
     prompts_per_batch: int = 8,
     rollouts_per_prompt: int = 8,
-    policy: str | None = None,
+    policy: str = "sera-fair",
     seed: int = 0,
     learning_rate: float = 0.05,
     verbose: bool = True,
@@ -68,9 +71,10 @@ def train(
         Prompts per step, M.
     rollouts_per_prompt : int
         Mean rollouts per prompt; the budget is ``M * rollouts_per_prompt``.
-    policy : str, optional
-        Allocation policy of the planner (a registered name); None: the library's
-        default (``sera_opt.planner.DEFAULT_POLICY``).
+    policy : str
+        Allocation policy of the planner (a registered name): ``"sera-fair"`` (alpha 1,
+        allocation by the tracker's estimates) unless told otherwise; ``"uniform"`` is the
+        library's default (``sera_opt.planner.DEFAULT_POLICY``).
     rounds : int
         Rounds per step (default ``sera_opt.rounds.DEFAULT_ROUNDS``, 1: one plan
         before sampling, one generation call; ``rounds=4`` is opt-in and costs four
@@ -136,8 +140,9 @@ def train(
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--policy", choices=sera_opt.available_policies(), default=None,
-                        help="allocation policy (default: the library's default)")
+    parser.add_argument("--policy", choices=sera_opt.available_policies(), default="sera-fair",
+                        help="allocation policy (default: sera-fair at alpha 1; the library's "
+                             "default is uniform)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
                         help=f"rounds per step (default {DEFAULT_ROUNDS}: one plan per step; "

@@ -127,8 +127,8 @@ counts      completions per prompt, as allocated and as generated (always equal)
 
 def _header(options, max_rollouts: int, rounds_text: str) -> str:
     return (
-        "SERA rollout allocation + MaxRL advantages inside TRL's GRPOTrainer: a 2-layer GPT-2\n"
-        "built in code learns to copy a digit (offline, CPU).\n"
+        "Rollout allocation (sera-fair, alpha 1) + MaxRL advantages inside TRL's GRPOTrainer: a\n"
+        "2-layer GPT-2 built in code learns to copy a digit (offline, CPU).\n"
         f"{options.steps} steps; {options.prompts_per_step} prompts a step, "
         f"{options.prompts_per_step * options.num_generations} completions a step "
         f"({options.num_generations} per prompt on average, at most {max_rollouts}),\n"
@@ -234,8 +234,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     offset = sera_opt.ESTIMATOR_OFFSETS[options.estimator]
     max_rollouts = options.max_rollouts or 3 * options.num_generations
-    planner = sera_opt.RolloutPlanner(  # the library's default policy
-        min_rollouts=1 + offset, max_rollouts=max_rollouts, offset=offset
+    # Allocation by the tracker's estimates, sera-fair at alpha 1 (the trainer's own default
+    # planner allocates uniformly: docs/benchmarks.md, "A default chosen on cost").
+    planner = sera_opt.RolloutPlanner(
+        "sera-fair", alpha=1.0, min_rollouts=1 + offset, max_rollouts=max_rollouts, offset=offset
     )
     rows = options.prompts_per_step * options.num_generations
     state = {"ok": True}

@@ -1,6 +1,8 @@
 """The object a training loop holds: estimates before sampling, evidence after.
 
-    planner = sera_opt.RolloutPlanner(max_rollouts=32)   # sera-fair, alpha 1, offset 1, min 2
+    planner = sera_opt.RolloutPlanner(max_rollouts=32)   # the default: uniform, offset 1, min 2
+    # allocation by the estimates: RolloutPlanner("sera-fair", alpha=1.0, offset=1,
+    #                                             min_rollouts=2, max_rollouts=32)
     for batch in loader:
         alloc = planner.plan(batch.prompt_ids, budget=8 * len(batch))
         rollouts = sample(batch, alloc.counts)              # the trainer's job
@@ -36,28 +38,27 @@ _FORMAT_V1 = "sera_opt.RolloutPlanner/1"
 
 #: The allocation policy a planner uses when none is named, and its options (which
 #: options passed to the planner override). The integrations' default planners and the
-#: examples use it too, so the recommendation lives here alone. It is the alpha-fair
-#: policy at alpha = 1, chosen by the rule written down before the report runs
-#: (docs/benchmarks.md): not significantly below uniform allocation anywhere, and the
-#: best mean rank at pass@64; SERA's max-min ("sera") lost clearly on the hard mazes.
+#: examples use it too, so the default lives here alone. It is uniform allocation (the
+#: MaxRL estimator alone), chosen by the cost rule written down before its runs
+#: (docs/benchmarks.md, "A default chosen on cost"): through TRL the static
+#: ``sera-fair`` plan (alpha = 1), the default before, was significantly below static
+#: uniform allocation and below stock ``GRPOTrainer`` at pass@1, and no plan in rounds
+#: won at equal CPU time. ``sera-fair`` (alpha = 1) and the other policies stay one
+#: argument away: ``RolloutPlanner("sera-fair", alpha=1.0, offset=1, min_rollouts=2)``.
 #: The offset and the minimum are those of the estimator's default
 #: (``maxrl_advantages(estimator="mean_centred")``: offset c = 1, and a prompt needs at
 #: least 2 rollouts to carry a signal), so the default planner and the default
 #: estimator agree; pass ``offset=0, min_rollouts=1`` for ``"success_average"``.
-DEFAULT_POLICY = "sera-fair"
-DEFAULT_POLICY_OPTIONS: dict[str, Any] = {"alpha": 1.0, "offset": 1, "min_rollouts": 2}
+DEFAULT_POLICY = "uniform"
+DEFAULT_POLICY_OPTIONS: dict[str, Any] = {"offset": 1, "min_rollouts": 2}
 
 #: The policy that a planner built without one allocates the later rounds of a step
 #: with, when rounds are asked for (``rounds >= 2``; the default, :data:`DEFAULT_ROUNDS`,
-#: is one round, the static plan). With 4 rounds and the default first round (half the
-#: average count) it is the arm ``uniform:rounds=4`` that won the rounds decision
-#: written down before its runs (docs/benchmarks.md, "Rounds within a step"), judged
-#: at an equal number of rollouts: nowhere significantly below the static default, and
-#: above it on the hard mazes and on arithmetic. Its later rounds share their budget
-#: evenly among the prompts still without a success. Rounds are opt-in because each is
-#: one more generation call (through TRL on CPU 4 rounds cost 2.04x to 2.24x a static
-#: step). The static default stays :data:`DEFAULT_POLICY` (uniform allocation in one
-#: round is clearly worse there).
+#: is one round, the static plan): each round's budget shared evenly among the prompts
+#: still without a success. With 4 rounds it is the arm ``uniform:rounds=4`` of the
+#: rounds decision (docs/benchmarks.md, "Rounds within a step"). Rounds are opt-in because
+#: each is one more generation call (through TRL on CPU 4 rounds cost 2.04x to 2.24x a
+#: static step) and no rounds arm won the cost rule at equal CPU time.
 DEFAULT_ROUND_POLICY = "uniform"
 
 
@@ -94,20 +95,21 @@ class RolloutPlanner(LockedState):
     policy : str or AllocationPolicy, optional
         A registered policy name (see :func:`sera_opt.available_policies`) or
         an instance. None: :data:`DEFAULT_POLICY` with :data:`DEFAULT_POLICY_OPTIONS`
-        (``sera-fair`` at alpha 1, ``offset=1``, ``min_rollouts=2``: the pairing
-        for the default ``maxrl_advantages`` estimator). A named policy takes its
-        own defaults (offset 0, ``min_rollouts=1``): pass ``offset`` and
-        ``min_rollouts`` for the estimator you use.
+        (``uniform``, ``offset=1``, ``min_rollouts=2``: the pairing for the default
+        ``maxrl_advantages`` estimator). A named policy takes its own defaults
+        (offset 0, ``min_rollouts=1``): pass ``offset`` and ``min_rollouts`` for the
+        estimator you use, e.g. ``RolloutPlanner("sera-fair", alpha=1.0, offset=1,
+        min_rollouts=2)``.
     tracker : SuccessTracker, optional
         Defaults to ``SuccessTracker()`` (fitted prior, no forgetting).
     round_policy : str or AllocationPolicy, optional
         Allocates the rounds after the first in :meth:`start_rounds`. A name is built
         with the policy's offset and bounds. None: :data:`DEFAULT_ROUND_POLICY` for the
         default planner (no ``policy`` named), the policy itself for a named one. So
-        ``RolloutPlanner()`` and ``RolloutPlanner("sera-fair", alpha=1.0, offset=1,
-        min_rollouts=2, round_policy="uniform")`` are the same planner (the same
-        :meth:`config`), and ``RolloutPlanner("sera-fair", alpha=1.0, offset=1,
-        min_rollouts=2)`` is another: its rounds are allocated by ``sera-fair``.
+        ``RolloutPlanner()`` and ``RolloutPlanner("uniform", offset=1, min_rollouts=2)``
+        are the same planner (the same :meth:`config`), and ``RolloutPlanner("sera-fair",
+        alpha=1.0, offset=1, min_rollouts=2)`` allocates its rounds by ``sera-fair``
+        unless ``round_policy="uniform"`` is given.
     **policy_options
         Passed to the policy's constructor (e.g. ``max_rollouts=32``,
         ``offset=1``).
@@ -122,10 +124,9 @@ class RolloutPlanner(LockedState):
         named and no ``round_policy`` given; for the default planner
         :data:`DEFAULT_ROUND_POLICY` (``uniform``: each round's budget shared evenly
         among the prompts still without a success) with the default policy's offset
-        and bounds, its cap of ``max_ratio`` times the average count included. This
-        pairing, in 4 rounds, is the one the rounds decision chose at equal rollouts
-        (docs/benchmarks.md); rounds are opt-in (the default is one round, the static
-        plan), so it allocates only when ``rounds >= 2`` is asked for.
+        and bounds, its cap of ``max_ratio`` times the average count included. Rounds
+        are opt-in (the default is one round, the static plan), so it allocates only
+        when ``rounds >= 2`` is asked for.
     """
 
     def __init__(self, policy=None, tracker: SuccessTracker | None = None, *,
@@ -133,6 +134,7 @@ class RolloutPlanner(LockedState):
         default = policy is None
         if default:
             policy, policy_options = DEFAULT_POLICY, {**DEFAULT_POLICY_OPTIONS, **policy_options}
+            _check_default_options(policy_options)
         self.policy: AllocationPolicy = get_policy(policy, **policy_options)
         if round_policy is None:
             round_policy = DEFAULT_ROUND_POLICY if default else self.policy
@@ -424,6 +426,26 @@ class RolloutPlanner(LockedState):
     def __repr__(self) -> str:
         return (f"RolloutPlanner(policy={self.policy!r}, round_policy={self.round_policy!r}, "
                 f"tracker={self.tracker!r})")
+
+
+def _check_default_options(options: dict[str, Any]) -> None:
+    """Refuse options the default policy does not take with the planner that takes them:
+    ``RolloutPlanner(alpha=2.0)`` was ``sera-fair`` at alpha 2 while that was the default."""
+    from .policies import POLICIES
+
+    own = set(POLICIES.lookup(DEFAULT_POLICY).accepted_option_names(options))
+    foreign = sorted(set(options) - own)
+    if not foreign:
+        return
+    fair = set(POLICIES.lookup("sera-fair").accepted_option_names(options))
+    if set(foreign) <= fair:
+        given = ", ".join(f"{k}={options[k]!r}" for k in foreign)
+        raise SeraOptError(
+            f"RolloutPlanner() allocates with {DEFAULT_POLICY!r} (the default; "
+            f"docs/benchmarks.md, 'A default chosen on cost'), which takes no {', '.join(foreign)}. "
+            f"For allocation by the tracker's estimates name the policy: "
+            f"RolloutPlanner(\"sera-fair\", {given}, offset=1, min_rollouts=2)."
+        )
 
 
 def _round_policy_named(name: str, policy: AllocationPolicy) -> AllocationPolicy:

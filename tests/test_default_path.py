@@ -181,7 +181,7 @@ def test_the_planner_reads_a_batch_of_string_ids_once(monkeypatch):
     from sera_opt.tracking import index
 
     ids = [f"prompt-{i}" for i in range(40)]
-    planner = sera_opt.RolloutPlanner()
+    planner = sera_opt.RolloutPlanner("sera-fair", alpha=1.0, offset=1, min_rollouts=2)
     planner.observe(np.repeat(ids, 3), np.tile([1.0, 0.0, 0.0], 40))
     expected = planner.plan(ids, 320).counts
     reads = []

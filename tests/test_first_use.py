@@ -3,8 +3,8 @@
 numba compiles a kernel together with everything it can call, so what a first call
 compiles is decided by which kernel it enters. The time this takes is measured by
 ``sera-opt bench first-use`` (docs/benchmarks.md), never here; these tests hold the
-structure that keeps it short: a fresh process with an empty kernel cache runs the
-default planner's first step and reports which kernels numba compiled.
+structure that keeps it short: a fresh process with an empty kernel cache runs a
+planner's first step and reports which kernels numba compiled.
 """
 
 from __future__ import annotations
@@ -25,7 +25,12 @@ event.register("numba:compile", recorder)
 import sera_opt
 m = int(sys.argv[1])
 decay = float(sys.argv[2])
-planner = sera_opt.RolloutPlanner(tracker=sera_opt.SuccessTracker(decay=decay))
+tracker = sera_opt.SuccessTracker(decay=decay)
+if sys.argv[3] == "default":
+    planner = sera_opt.RolloutPlanner(tracker=tracker)
+else:  # the planner by estimates, sera-fair at alpha 1
+    planner = sera_opt.RolloutPlanner("sera-fair", alpha=1.0, offset=1, min_rollouts=2,
+                                      tracker=tracker)
 ids = np.arange(m)
 first = planner.plan(ids, 8 * m)
 rewards = (np.arange(int(first.counts.sum())) % 3 == 0).astype(np.float64)
@@ -47,13 +52,15 @@ DECAY = ("sera_opt.tracking.evidence_kernels._expire",
          "sera_opt.tracking.evidence_kernels.update_evidence_decayed")
 
 
-def first_step(tmp_path, prompts: int, decay: float = 1.0) -> list[tuple[str, str]]:
-    """The kernels (name, signature) a fresh process compiles for the default planner's
-    first step (plan, observe, plan) over ``prompts`` prompts, the tracker's ``decay``
-    given."""
+def first_step(tmp_path, prompts: int, decay: float = 1.0,
+               planner: str = "sera-fair") -> list[tuple[str, str]]:
+    """The kernels (name, signature) a fresh process compiles for a planner's first step
+    (plan, observe, plan) over ``prompts`` prompts, the tracker's ``decay`` given:
+    ``RolloutPlanner("sera-fair", alpha=1.0, offset=1, min_rollouts=2)``, or with
+    ``planner="default"`` ``RolloutPlanner()``."""
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
     env["SERA_OPT_CACHE_DIR"] = str(tmp_path)
-    out = subprocess.run([sys.executable, "-c", STEP, str(prompts), repr(decay)],
+    out = subprocess.run([sys.executable, "-c", STEP, str(prompts), repr(decay), planner],
                          capture_output=True, text=True, env=env, timeout=900)
     assert out.returncode == 0, out.stderr
     return [tuple(row) for row in json.loads(out.stdout.strip().splitlines()[-1])]
@@ -70,7 +77,7 @@ BRACKET = ("sera_opt.kernels.closed.bracket_solve", "sera_opt.kernels.closed._cl
 
 @pytest.mark.slow
 def test_a_first_step_compiles_only_the_way_of_solving_it_takes(tmp_path):
-    """64 and 1,024 prompts, 8 rollouts each, the default planner (sera-fair, no decay).
+    """64 and 1,024 prompts, 8 rollouts each, the planner by estimates (sera-fair, no decay).
     64 prompts have 448 spare rollouts, handed out one at a time: that first step compiles
     the one-at-a-time kernel and not the bracket search (the demo's and a small batch's
     first use, a fifth of the bracket search's compile). 1,024 prompts have 7,168: that
@@ -97,6 +104,16 @@ def test_a_first_step_compiles_only_the_way_of_solving_it_takes(tmp_path):
 
 
 @pytest.mark.slow
+def test_the_default_planner_compiles_no_solver(tmp_path):
+    """RolloutPlanner() allocates uniformly: its first step compiles the tracker's update
+    and no allocation kernel."""
+    got = names(first_step(tmp_path, 1024, planner="default"))
+    assert "sera_opt.tracking.evidence_kernels.update_evidence" in got
+    solvers = sorted(n for n in got if n.startswith(("sera_opt.kernels.", "sera_opt.solvers.")))
+    assert not solvers, solvers
+
+
+@pytest.mark.slow
 def test_a_tracker_with_decay_compiles_its_own_update(tmp_path):
     """With decay the tracker enters the kernel with the expiry calendar, and only it."""
     got = names(first_step(tmp_path, 64, decay=0.97))
@@ -109,7 +126,7 @@ import sys
 import numpy as np
 import sera_opt, sera_opt._jit as jit
 jit.DONE_AFTER_S = 0.0
-planner = sera_opt.RolloutPlanner()
+planner = sera_opt.RolloutPlanner("sera-fair", alpha=1.0, offset=1, min_rollouts=2)
 planner.plan(np.arange(64), 512)
 print("--", file=sys.stderr, flush=True)
 planner.plan(np.arange(64), 512)

@@ -192,18 +192,20 @@ def test_a_good_state_replaces_both_parts():
     assert planner.tracker.state_dict()["step"] == source.tracker.state_dict()["step"]
 
 
-def test_the_default_policy_is_the_one_the_report_runs_chose():
-    # docs/benchmarks.md: the rule written before the runs picked sera-fair at alpha = 1
-    # (docs/results/report_runs.json holds the numbers it was applied to).
+def test_the_default_policy_is_the_one_the_cost_rule_chose():
+    # docs/benchmarks.md, "A default chosen on cost": the rule written before its runs
+    # (docs/results/cost_runs.json holds the verdict) chose static uniform allocation.
     import json
     from pathlib import Path
 
-    report = json.loads((Path(__file__).resolve().parents[1] / "docs" / "results"
-                         / "report_runs.json").read_text())
-    name, _, option = report["decision"]["winner"].partition(":")
+    decision = json.loads((Path(__file__).resolve().parents[1] / "docs" / "results"
+                           / "cost_runs.json").read_text())
+    assert decision["rule"]["choice"] == "static uniform"
     planner = RolloutPlanner()
-    assert planner.policy.name == name == sera_opt.planner.DEFAULT_POLICY
-    key, _, value = option.partition("=")
-    assert getattr(planner.policy, key) == float(value)
-    # Options given to the planner still win over the default's.
-    assert RolloutPlanner(alpha=2.0).policy.alpha == 2.0
+    assert planner.policy.name == sera_opt.planner.DEFAULT_POLICY == "uniform"
+    assert (planner.policy.offset, planner.policy.min_rollouts) == (1, 2)
+    # Options given to the planner still win over the default's; a policy is one name away.
+    assert RolloutPlanner(min_rollouts=3).policy.min_rollouts == 3
+    assert RolloutPlanner("sera-fair", alpha=2.0).policy.alpha == 2.0
+    with pytest.raises(SeraOptError, match="alpha"):
+        RolloutPlanner(alpha=2.0)  # uniform allocation has no alpha

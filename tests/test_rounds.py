@@ -503,7 +503,8 @@ def _run_session(planner, ids, budget, p, seed, **options):
 @given(st.integers(1, 24), st.integers(2, 12), st.integers(0, 2**32 - 1), st.booleans())
 def test_the_default_planner_in_rounds_is_the_winning_arm(m, per, seed, capped):
     # The rounds decision chose uniform:rounds=4 within the experiment's bounds (2..4x the
-    # average count, offset 1): the default planner's session is that arm's, round by round.
+    # average count, offset 1): the default planner's session is that arm's, round by round
+    # (uniform allocation has no ratio cap: uncapped, both are uncapped).
     rng = np.random.default_rng(seed)
     ids = rng.choice(10_000, m, replace=False)
     p = rng.beta(0.6, 1.2, m)
@@ -511,7 +512,8 @@ def test_the_default_planner_in_rounds_is_the_winning_arm(m, per, seed, capped):
     cap = 4 * per
     seen = (np.repeat(ids, 2), rng.random(2 * m) < 0.3)
     default = sera_opt.RolloutPlanner(**({"max_rollouts": cap} if capped else {}))
-    arm = sera_opt.RolloutPlanner("uniform", offset=1, min_rollouts=2, max_rollouts=cap)
+    arm = sera_opt.RolloutPlanner("uniform", offset=1, min_rollouts=2,
+                                  max_rollouts=cap if capped else None)
     for planner in (default, arm):
         planner.observe(*seen)
     # Rounds are opt-in: the arm's 4 rounds are asked for (and a warning names the
@@ -524,21 +526,22 @@ def test_the_default_planner_in_rounds_is_the_winning_arm(m, per, seed, capped):
     assert got.shape[0] == len(result.round_budgets) <= 4
     assert (got.sum(1) > 0).all()
     np.testing.assert_array_equal(got, want)
-    assert result.counts.sum() == budget and result.counts.max() <= cap
+    assert result.counts.sum() == budget and (result.counts.max() <= cap or not capped)
     # The first round is half the average count (at least the minimum of 2).
     np.testing.assert_array_equal(got[0], np.full(m, max(per // 2, 2)))
-    # One round is the static default, sera-fair, not uniform.
+    # One round is the static default plan.
     assert np.array_equal(default.start_rounds(ids, budget, rounds=1).next_round(),
                           default.plan(ids, budget).counts)
 
 
 def test_the_default_planner_has_a_round_policy_and_a_named_one_does_not():
     default = sera_opt.RolloutPlanner(max_rollouts=24)
-    assert default.policy.name == sera_opt.planner.DEFAULT_POLICY == "sera-fair"
+    assert default.policy.name == sera_opt.planner.DEFAULT_POLICY == "uniform"
     assert default.round_policy.name == sera_opt.planner.DEFAULT_ROUND_POLICY == "uniform"
     assert (default.round_policy.offset, default.round_policy.min_rollouts,
             default.round_policy.max_rollouts) == (1, 2, 24)
     assert "round_policy=UniformPolicy" in repr(default)
+    assert default.round_policy is not default.policy  # built for the rounds, with the cap
     named = sera_opt.RolloutPlanner("sera-fair", alpha=1.0, offset=1, min_rollouts=2)
     # The repr shows the round policy whichever it is.
     assert named.round_policy is named.policy
@@ -571,7 +574,8 @@ def test_the_round_policy_survives_the_state_and_old_states_keep_theirs():
     # A state of format /2 has no round policy: its rounds use its policy, as they did.
     old = {**state, "format": "sera_opt.RolloutPlanner/2"}
     del old["round_policy"]
-    assert sera_opt.RolloutPlanner().load_state_dict(old).round_policy.name == "sera-fair"
+    loaded = sera_opt.RolloutPlanner("sera-fair", offset=1).load_state_dict(old)
+    assert loaded.round_policy is loaded.policy and loaded.policy.name == "uniform"
     broken = dict(state)
     del broken["round_policy"]
     before = default.round_policy
@@ -580,11 +584,7 @@ def test_the_round_policy_survives_the_state_and_old_states_keep_theirs():
     assert default.round_policy is before
 
 
-def test_the_default_round_policy_keeps_the_planner_cap():
-    # sera-fair caps a prompt at ceil(4 x the average count) when no max_rollouts is
-    # given; the default rounds keep that cap, so a hopeless prompt cannot take the
-    # later rounds' whole budget (uniform alone has no cap: it would reach 36).
-    planner = sera_opt.RolloutPlanner()
+def _one_prompt_fails(planner):
     session = planner.start_rounds(np.arange(8), 64, rounds=4, first_round=4)
     assert session.round_budgets == (32, 11, 11, 10)
     session.next_round()
@@ -592,7 +592,21 @@ def test_the_default_round_policy_keeps_the_planner_cap():
     while not session.done:
         session.record(np.zeros(int(session.next_round().sum())))
     counts = session.result().counts
-    assert counts[0] == 32 == math.ceil(4 * 64 / 8) and counts.sum() == 64
+    assert counts.sum() == 64
+    return counts
+
+
+def test_a_round_policy_by_name_keeps_the_planner_cap():
+    # sera-fair caps a prompt at ceil(4 x the average count) when no max_rollouts is
+    # given; rounds by a round policy named for it keep that cap, so a hopeless prompt
+    # cannot take the later rounds' whole budget.
+    fair = sera_opt.RolloutPlanner("sera-fair", alpha=1.0, offset=1, min_rollouts=2,
+                                   round_policy="uniform")
+    assert _one_prompt_fails(fair)[0] == 32 == math.ceil(4 * 64 / 8)
+    # The default planner allocates uniformly, which has no ratio cap: max_rollouts is
+    # its cap (the trainers' default planners set one), else the prompt takes all.
+    assert _one_prompt_fails(sera_opt.RolloutPlanner(max_rollouts=20))[0] == 20
+    assert _one_prompt_fails(sera_opt.RolloutPlanner())[0] == 4 + 32
 
 
 def test_a_policy_without_an_objective_says_how_to_plan_without_rounds():

@@ -372,19 +372,22 @@ def test_a_planners_configuration_shows_its_round_policy_and_equal_ones_plan_ali
     default = sera_opt.RolloutPlanner(max_rollouts=32)
     named = sera_opt.RolloutPlanner("sera-fair", alpha=1.0, offset=1, min_rollouts=2,
                                     max_rollouts=32)
-    assert default.policy.config() == named.policy.config()
     assert default.config() != named.config() and repr(default) != repr(named)
     assert "round_policy=UniformPolicy" in repr(default)
     assert "round_policy=SERAFairPolicy" in repr(named)
-    same = sera_opt.RolloutPlanner("sera-fair", alpha=1.0, offset=1, min_rollouts=2,
-                                   max_rollouts=32, round_policy="uniform")
+    mixed = sera_opt.RolloutPlanner("sera-fair", alpha=1.0, offset=1, min_rollouts=2,
+                                    max_rollouts=32, round_policy="uniform")
+    assert mixed.policy.config() == named.policy.config() and mixed.config() != named.config()
+    assert "round_policy=UniformPolicy" in repr(mixed)
+    # The default planner is uniform allocation with the estimator's offset and minimum.
+    same = sera_opt.RolloutPlanner("uniform", offset=1, min_rollouts=2, max_rollouts=32)
     assert same.config() == default.config()
     ids = list(range(8))
     p = np.linspace(0.02, 0.9, 8)
     runs = []
     for planner in (default, same):
         planner.observe(np.repeat(ids, 2), np.tile([0.0, 1.0], 8))
-        runs.append(run_rounds(planner.start_rounds(ids, 64), draw(p, seed=4)))
+        runs.append(run_rounds(planner.start_rounds(ids, 64, rounds=4), draw(p, seed=4)))
     np.testing.assert_array_equal(runs[0].round_counts, runs[1].round_counts)
 
 

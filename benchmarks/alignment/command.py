@@ -12,8 +12,8 @@ from typing import Any
 from sera_opt.benchmarks import _harness
 
 from .config import (
-    DEMO_DEFAULT,
     DEMO_OPTIONS,
+    DEMO_PEER,
     FULL,
     NAME,
     PEERS,
@@ -113,7 +113,7 @@ def demo(argv=None) -> int:
     config = _config_from(args, QUICK)
     chosen = args.peers is not None
     if not chosen:
-        config = replace(config, peers=(DEMO_DEFAULT,))  # the default allocation beside SERA
+        config = replace(config, peers=(DEMO_PEER,))  # sera-fair at alpha 1 beside SERA
     check_peers(config)
     start = time.perf_counter()
     payload = run(config, show_progress=not args.no_progress, sampled=not args.expected_only)
@@ -124,22 +124,22 @@ def demo(argv=None) -> int:
     print()
     print(LEGEND.format(ratio=config.max_ratio))
     if not chosen:
-        print(DEMO_LEGEND.format(default=short_label(f"{DEMO_DEFAULT}/tracker"), options=", ".join(
+        print(DEMO_LEGEND.format(peer=short_label(f"{DEMO_PEER}/tracker"), options=", ".join(
             f"{k} = {v:g}" for k, v in DEMO_OPTIONS.items())))
     print()
     print("Expected-estimator cosine versus uniform:")
-    for line in verdict(payload, () if chosen else (f"{DEMO_DEFAULT}/tracker/corrected",)):
+    for line in verdict(payload, () if chosen else (f"{DEMO_PEER}/tracker/corrected",)):
         print("  " + line)
-    default = None if chosen else DEMO_DEFAULT
+    peer = None if chosen else DEMO_PEER
     written = ""
     if args.out is not None:
         json_path = _harness.write_json(args.out, "demo", payload)
-        png_path = _harness.save_figure(demo_plot(payload, default), args.out, "demo")
+        png_path = _harness.save_figure(demo_plot(payload, peer), args.out, "demo")
         written = f" Wrote {json_path} and {png_path}."
     t = payload["timings"]
     print(f"({time.perf_counter() - start:.1f} s: training {t['train_s']:.1f} s, first allocation "
           f"(numba compile or cache load) {t['first_allocate_s']:.1f} s. Full run with the peers: "
           f"sera-opt bench alignment.{written})")
     print()
-    print(demo_verdict(payload, default))
+    print(demo_verdict(payload, peer))
     return 0

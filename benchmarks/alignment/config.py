@@ -7,7 +7,6 @@ from dataclasses import dataclass, replace
 
 import sera_opt
 from sera_opt.benchmarks import _harness
-from sera_opt.planner import DEFAULT_POLICY, DEFAULT_POLICY_OPTIONS
 
 NAME = "alignment"
 
@@ -145,13 +144,13 @@ def build_methods(config: AlignmentConfig, available: tuple[str, ...]) -> tuple[
     return methods, notes
 
 
-# The demo's one peer: the library's default allocation (RolloutPlanner's), as an arm. Its
-# offset and minimum are the experiment's, set for every arm alike (RESERVED_OPTIONS).
-DEMO_OPTIONS = {k: v for k, v in DEFAULT_POLICY_OPTIONS.items()
-                 if k not in _harness.RESERVED_OPTIONS}
-
-
-DEMO_DEFAULT = DEFAULT_POLICY + "".join(f":{k}={v:g}" for k, v in DEMO_OPTIONS.items())
+# The demo's one peer beside uniform allocation (the planner's default) and SERA: the
+# allocation by estimates to try first, sera-fair at alpha = 1 (docs/policies.md), as an
+# arm. Its offset and minimum are the experiment's, set for every arm alike
+# (RESERVED_OPTIONS).
+DEMO_PEER_POLICY = "sera-fair"
+DEMO_OPTIONS = {"alpha": 1.0}
+DEMO_PEER = DEMO_PEER_POLICY + "".join(f":{k}={v:g}" for k, v in DEMO_OPTIONS.items())
 
 
 def check_peers(config: AlignmentConfig) -> None:

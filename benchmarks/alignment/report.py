@@ -6,7 +6,7 @@ import numpy as np
 
 from sera_opt.benchmarks import _harness
 
-from .config import DEMO_DEFAULT, ESTIMATORS
+from .config import DEMO_PEER, ESTIMATORS
 
 
 def _lookup(payload, key: str, nbar: int) -> dict | None:
@@ -158,10 +158,10 @@ def plot(payload: dict):
 
 
 DEMO_COLUMNS = {
-    0: ["uniform c=0", f"{DEMO_DEFAULT}/tracker/corrected c=0", "sera/tracker/corrected c=0",
+    0: ["uniform c=0", f"{DEMO_PEER}/tracker/corrected c=0", "sera/tracker/corrected c=0",
         "sera/tracker/uncorrected c=0", "sera/true/corrected c=0",
         "sera/true/corrected/uncapped c=0"],
-    1: ["uniform c=1", f"{DEMO_DEFAULT}/tracker/corrected c=1", "sera/tracker/corrected c=1",
+    1: ["uniform c=1", f"{DEMO_PEER}/tracker/corrected c=1", "sera/tracker/corrected c=1",
         "sera/true/corrected/uncapped c=1"],
 }
 
@@ -176,8 +176,9 @@ With c=1 every policy needs 2 rollouts per prompt, so at 2 rollouts/prompt all c
 
 
 DEMO_LEGEND = """\
-{default}: the default allocation (RolloutPlanner's), alpha-fair with {options},
-on the same posterior means; between SERA (alpha = inf) and the plain sum (alpha = 0)."""
+{peer}: alpha-fair with {options} (RolloutPlanner("sera-fair", alpha=1.0)), on the same
+posterior means; between SERA (alpha = inf) and the plain sum (alpha = 0). The planner's
+default is uniform allocation (docs/benchmarks.md, "A default chosen on cost")."""
 
 
 def verdict(payload: dict, extra: tuple[str, ...] = ()) -> list[str]:

@@ -19,20 +19,20 @@ def _curve(payload: dict, key: str) -> dict[int, float]:
             if e["method"] == key}
 
 
-def headline_method(payload: dict, default: str | None) -> str:
-    """The allocation the verdict speaks of: the default one when the run has it, else
-    SERA on the tracker's estimates."""
+def headline_method(payload: dict, peer: str | None) -> str:
+    """The allocation the verdict speaks of: the demo's peer (``sera-fair:alpha=1``) when
+    the run has it, else SERA on the tracker's estimates."""
     methods = {e["method"].rsplit(" ", 1)[0] for e in payload["results"]}
-    wanted = f"{default}/tracker/corrected" if default else None
+    wanted = f"{peer}/tracker/corrected" if peer else None
     return wanted if wanted in methods else "sera/tracker/corrected"
 
 
-def demo_verdict(payload: dict, default: str | None = None) -> str:
+def demo_verdict(payload: dict, peer: str | None = None) -> str:
     """One line: how often the headline allocation's batch gradient pointed closer to the
     exact gradient than uniform allocation's at the same budget (expected estimator, over
     both estimators and every budget), by how much on average, and at how many budgets it
     did at least as well as uniform given twice the rollouts."""
-    method = headline_method(payload, default)
+    method = headline_method(payload, peer)
     better = worse = 0
     gaps: list[float] = []
     doubled = doubled_of = 0
@@ -52,8 +52,6 @@ def demo_verdict(payload: dict, default: str | None = None) -> str:
     if not gaps:
         return "Verdict: no setting has both uniform and the compared allocation; nothing to compare."
     label = short_label(method)
-    if default and method == f"{default}/tracker/corrected":
-        label = f"the default allocation ({label})"
     ties = len(gaps) - better - worse
     text = (f"Verdict: {label} aligned the batch gradient with the exact one better than uniform "
             f"in {better} of {len(gaps)} settings (worse in {worse}, tied in {ties}), by "
@@ -64,7 +62,7 @@ def demo_verdict(payload: dict, default: str | None = None) -> str:
     return text + "."
 
 
-def demo_plot(payload: dict, default: str | None = None):
+def demo_plot(payload: dict, peer: str | None = None):
     """One panel per estimator: the expected estimator's cosine with the exact gradient
     against rollouts per prompt, for uniform, the headline allocation and SERA on the
     tracker's estimates (solid), and the sampled estimators' mean over draws (dashed); the
@@ -75,10 +73,10 @@ def demo_plot(payload: dict, default: str | None = None):
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
-    method = headline_method(payload, default)
-    lines = [("uniform", "uniform (MaxRL as published)", "0.45", "o")]
+    method = headline_method(payload, peer)
+    lines = [("uniform", "uniform (MaxRL as published; the planner's default)", "0.45", "o")]
     if method != "sera/tracker/corrected":
-        lines.append((method, f"default: {short_label(method)}", "tab:blue", "s"))
+        lines.append((method, short_label(method), "tab:blue", "s"))
     lines.append(("sera/tracker/corrected", "SERA (tracker)", "tab:orange", "^"))
     offsets = payload["config"]["offsets"]
     fig, axes = plt.subplots(1, len(offsets), figsize=(6 * len(offsets), 4.6), squeeze=False,
@@ -106,7 +104,7 @@ def demo_plot(payload: dict, default: str | None = None):
     axes[0, 0].legend(handles, names, fontsize=9, loc="lower right")
     fig.suptitle("Does the batch gradient point where the exact likelihood gradient does? "
                  "(digits classifier; solid: expected estimator)", fontsize=11)
-    fig.text(0.5, 0.01, textwrap.fill(demo_verdict(payload, default), 150), ha="center",
+    fig.text(0.5, 0.01, textwrap.fill(demo_verdict(payload, peer), 150), ha="center",
              va="bottom", fontsize=9)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     return fig

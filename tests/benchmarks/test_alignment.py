@@ -410,13 +410,14 @@ def test_demo_end_to_end(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "uniform" in out and "SERA(tracker)" in out and "SERA(true p) no cap" in out
     assert "Expected-estimator cosine versus uniform" in out
-    # the library's default allocation is the demo's one peer, shown and judged
+    # sera-fair at alpha 1 is the demo's one peer, shown and judged
     import sera_opt
 
-    default = report.short_label(f"{al_config.DEMO_DEFAULT}/tracker")
-    # the demo's arm builds the planner's default policy, with the same options of its own
-    planner_policy = sera_opt.RolloutPlanner().policy
-    demo_policy = gradients.make_policy(al_config.DEMO_DEFAULT, min_rollouts=2, max_rollouts=None,
+    default = report.short_label(f"{al_config.DEMO_PEER}/tracker")
+    # the demo's arm builds the policy RolloutPlanner("sera-fair", alpha=1.0) uses
+    planner_policy = sera_opt.RolloutPlanner("sera-fair", alpha=1.0, offset=1,
+                                             min_rollouts=2).policy
+    demo_policy = gradients.make_policy(al_config.DEMO_PEER, min_rollouts=2, max_rollouts=None,
                                         offset=1)
     own = type(planner_policy).option_names
     assert demo_policy.name == planner_policy.name and own
@@ -426,7 +427,7 @@ def test_demo_end_to_end(tmp_path, capsys):
     assert f"c=0: {default} above uniform at" in out
     payload = json.loads((tmp_path / "demo.json").read_text())
     assert payload["config"]["budgets"] == [2, 8]
-    assert payload["config"]["peers"] == [al_config.DEMO_DEFAULT]
+    assert payload["config"]["peers"] == [al_config.DEMO_PEER]
 
 
 def test_bench_main_writes_json_and_plot(tmp_path, capsys):

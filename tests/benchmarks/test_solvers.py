@@ -51,7 +51,7 @@ def test_targets_are_judged_from_the_rows():
     assert met["sera_1024_s"]["met"] is False
     assert met["hora_vs_sort"]["met"] is False and met["vip_vs_sort"]["met"] is True
     assert "uniform_vs_sort" not in met
-    # The default policy and its family arms have the peers' target; sera-bayes has none.
+    # sera-fair and its family arms have the peers' target; sera-bayes has none.
     assert met["sera-fair_vs_sort"]["met"] is True and met["sera-fair:alpha=2_vs_sort"]["met"] is False
     assert "sera-bayes_vs_sort" not in met and "sera_vs_sort" in met
     text = solvers._summary(rows, met, {"avx2": True})

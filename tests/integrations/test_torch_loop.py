@@ -412,7 +412,8 @@ def test_the_default_round_step_is_the_static_step_in_one_sample_call():
     for step in (maxrl_round_step, maxrl_step):
         rng = np.random.default_rng(0)
         logits = torch.zeros(12, requires_grad=True)
-        planner = sera_opt.RolloutPlanner(max_rollouts=24).observe(*seen)
+        planner = sera_opt.RolloutPlanner("sera-fair", alpha=1.0, offset=1, min_rollouts=2,
+                                          max_rollouts=24).observe(*seen)
         want = planner.plan(np.arange(12), 96).counts
 
         def rollout(plan, logits=logits, step=step):

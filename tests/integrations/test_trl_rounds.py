@@ -280,8 +280,8 @@ def test_the_default_is_one_generation_call_per_step(tmp_path, tokenizer, prompt
     assert trainer.sera_rounds == sera_opt.rounds.DEFAULT_ROUNDS == 1
     assert trainer.sera_first_round is None
     planner = trainer.sera_planner
-    # The later rounds' policy stays the rounds decision's, for rounds asked for.
-    assert (planner.policy.name, planner.round_policy.name) == ("sera-fair", "uniform")
+    # The default planner is uniform; its later rounds are the rounds decision's, uniform.
+    assert (planner.policy.name, planner.round_policy.name) == ("uniform", "uniform")
     assert (planner.round_policy.offset, planner.round_policy.min_rollouts) == (1, 2)
     assert planner.round_policy.max_rollouts == 4 * NUM_GENERATIONS
     trainer.train()

@@ -1108,8 +1108,9 @@ def trainer(sv, composed, tmp_path):
     _, variant = composed
     config = variant(
         trainer__default_local_dir=str(tmp_path),
-        # the static mode; the default, rounds, is tested in test_verl_rounds.py
-        algorithm__sera_maxrl={"max_rollouts": 9, "rounds": 1},
+        # the static mode (rounds are tested in test_verl_rounds.py), allocating by the
+        # tracker's estimates so that counts differ (the default planner is uniform)
+        algorithm__sera_maxrl={"max_rollouts": 9, "rounds": 1, "policy": "sera-fair"},
     )
     before = OmegaConf.to_container(config)
     trainer = _verl_trainer.SeraPPOTrainerSync(config)

@@ -419,7 +419,7 @@ def test_one_round_is_the_static_mode(sv, variant, monkeypatch, tmp_path):
     from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 
     trainer, engine, _ = build_trainer(variant, monkeypatch, tmp_path, seed=5,
-                                       sera_maxrl={"rounds": 1})
+                                       sera_maxrl={"rounds": 1, "policy": "sera-fair"})
     assert trainer.sera_rounds == 1 and type(trainer.replay_buffer) is ReplayBuffer
     prompt_ids = list(range(100, 100 + NUM_PROMPTS))
     planned = fresh_planner(sv, trainer).plan(prompt_ids, NUM_PROMPTS * MEAN_COUNT).counts
@@ -456,7 +456,7 @@ def test_rounds_asked_for_are_the_decisions_schedule(sv, variant, monkeypatch, t
                                        sera_maxrl={"rounds": 4})
     assert trainer.sera_rounds == 4
     assert (trainer.sera_planner.policy.name, trainer.sera_planner.round_policy.name) == (
-        "sera-fair", "uniform")
+        "uniform", "uniform")
     _, metrics = run_step(trainer)
     result = trainer.sera_round_result
     assert result.rounds == metrics["sera/rounds"] == 4
