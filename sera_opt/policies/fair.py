@@ -27,7 +27,7 @@ class SERAFairPolicy(SeparablePolicy):
 
     * ``alpha = 0`` maximizes the sum of the factors (HORA's objective on point
       estimates, for the policy's offset).
-    * ``alpha = 1`` (proportional fairness, the default): where a prompt's level
+    * ``alpha = 1`` (proportional fairness, the policy's default alpha): where a prompt's level
       ``a_i (n - c)`` is small, one more rollout gains about
       ``log((n + 1 - c) / (n - c))`` whatever ``a_i``, so unsolved prompts share
       the spare budget evenly and none is pinned at the cap, while solved
