@@ -326,6 +326,12 @@ class RolloutPlanner(LockedState):
 
     def observe(self, prompt_ids, rewards) -> RolloutPlanner:
         """Record rollout outcomes (one entry per rollout); see :meth:`SuccessTracker.update`."""
+        if isinstance(prompt_ids, Allocation):
+            raise SeraOptError(
+                "observe takes one prompt id per rollout, not the plan: pass "
+                "np.repeat(prompt_ids, plan.counts) (the batch's ids, each repeated by its "
+                "count) and the rewards in that order."
+            )
         with self._lock:
             tracker = self.tracker
         tracker.update(prompt_ids, rewards)  # the tracker holds its own lock

@@ -209,3 +209,12 @@ def test_the_default_policy_is_the_one_the_cost_rule_chose():
     assert RolloutPlanner("sera-fair", alpha=2.0).policy.alpha == 2.0
     with pytest.raises(SeraOptError, match="alpha"):
         RolloutPlanner(alpha=2.0)  # uniform allocation has no alpha
+
+
+def test_observe_refuses_the_plan_with_the_call_that_fits():
+    planner = RolloutPlanner()
+    plan = planner.plan([3, 4], 6)
+    with pytest.raises(SeraOptError, match=r"np.repeat\(prompt_ids, plan.counts\)"):
+        planner.observe(plan, np.zeros(6))
+    planner.observe(np.repeat([3, 4], plan.counts), np.zeros(6))
+    assert planner.tracker.step == 1
