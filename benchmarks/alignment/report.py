@@ -167,7 +167,7 @@ DEMO_COLUMNS = {
 
 
 LEGEND = """\
-uniform          equal rollouts per prompt (MaxRL as published)
+uniform          equal rollouts per prompt (MaxRL as published; the planner's default)
 SERA(tracker)    SERA on posterior means from a few rollouts per prompt of an earlier round
 SERA(true p)     SERA on the exact success probabilities
 uncorr.          without the multiplicity correction (token-mean weights prompts by n_i)
