@@ -15,7 +15,8 @@ of load on a shared machine touches all of them alike):
   ``sera-bayes`` (the general engine), and ``sera`` (the waterline), for
   ``p ~ U(0, 1)`` and M in 256, 1,024, 4,096, 65,536 and 10^6;
 * **planner**: that planner's ``plan(ids, 8 M)`` (``max_rollouts=64``) at M = 1,024 with
-  integer and with string ids (ids the tracker has seen once), and the planning of
+  integer and with string ids (ids the tracker has seen once), the same for the library's
+  default planner ``RolloutPlanner(max_rollouts=64)`` (uniform allocation), and the planning of
   a 4-round session (``start_rounds`` and every ``next_round``; rewards are drawn
   outside the clock);
 * **allocate**: ``sera_opt.allocate(p, 8 M, min_rollouts=1, max_rollouts=64)``
@@ -170,6 +171,11 @@ def measure_planner(repeats: int, show: bool) -> dict:
         planner.observe(np.repeat(np.asarray(ids), counts),
                         rng.random(int(counts.sum())) < np.repeat(p, counts))
         planners[kind] = (planner, ids)
+        # The library's default planner, uniform allocation (the tracker still reads the ids).
+        default = sera_opt.RolloutPlanner(max_rollouts=MAX_ROLLOUTS)
+        default.observe(np.repeat(np.asarray(ids), counts),
+                        rng.random(int(counts.sum())) < np.repeat(p, counts))
+        planners[f"default {kind}"] = (default, ids)
     reward_rng = np.random.default_rng(2)
 
     def session(planner=planners["int"][0], ids=planners["int"][1]):
@@ -190,6 +196,10 @@ def measure_planner(repeats: int, show: bool) -> dict:
         "np.partition": lambda: np.partition(p, m // 2),
         "plan int ids": lambda: planners["int"][0].plan(planners["int"][1], budget),
         "plan str ids": lambda: planners["str"][0].plan(planners["str"][1], budget),
+        "default plan int ids": lambda: planners["default int"][0].plan(planners["default int"][1],
+                                                                        budget),
+        "default plan str ids": lambda: planners["default str"][0].plan(planners["default str"][1],
+                                                                        budget),
         "sera_opt.allocate": lambda: sera_opt.allocate(p, budget, min_rollouts=MIN_ROLLOUTS,
                                                        max_rollouts=MAX_ROLLOUTS),
         "policy.allocate": lambda: policy.allocate(p, budget),

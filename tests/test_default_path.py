@@ -231,3 +231,15 @@ def test_the_largest_problems_kernel_on_a_case_that_once_overspent(seed, m):
                 np.testing.assert_array_equal(
                     closed_entry_counts(name, objective, budget, lo, hi), reference,
                     err_msg=f"{type(objective).__name__} through {name}")
+
+
+def test_the_planner_measurement_times_the_default_planner_beside_sera_fair():
+    """``bench default-path`` times the library's default planner (uniform allocation) and
+    the sera-fair planner on the same ids, in the same rounds."""
+    from sera_opt.benchmarks import default_path
+
+    out = default_path.measure_planner(1, False)
+    medians = out["medians_s"]
+    for case in ("plan int ids", "plan str ids", "default plan int ids", "default plan str ids",
+                 "4-round session planning"):
+        assert medians[case] > 0, case
