@@ -262,17 +262,23 @@ def test_one_round_is_the_static_trainer(tmp_path, tokenizer, prompts):
         assert "rounds" not in record
 
 
-def test_the_default_is_one_generation_call_per_step(tmp_path, tokenizer, prompts, monkeypatch):
-    # No planner, no rounds: the static plan, one call of the generation backend and one
-    # reward call per step (rounds are opt-in: each would be one more call).
-    backend_calls = []
+@pytest.fixture
+def backend_calls(monkeypatch):
+    """The global step of each call of the generation backend, in order."""
+    calls = []
     original = GRPOTrainer._generate_single_turn
 
     def counted(self, *args, **kwargs):
-        backend_calls.append(self.state.global_step)
+        calls.append(self.state.global_step)
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(GRPOTrainer, "_generate_single_turn", counted)
+    return calls
+
+
+def test_the_default_is_one_generation_call_per_step(tmp_path, tokenizer, prompts, backend_calls):
+    # No planner, no rounds: the static plan, one call of the generation backend and one
+    # reward call per step (rounds are opt-in: each would be one more call).
     recorder = _RewardRecorder()
     trainer = _trainer(
         _config(tmp_path, max_steps=2), tokenizer, prompts, reward_funcs=recorder, planner=None
@@ -293,16 +299,8 @@ def test_the_default_is_one_generation_call_per_step(tmp_path, tokenizer, prompt
         assert sum(record["allocated_counts"]) == ROWS == len(call["rewards"])
 
 
-def test_rounds_asked_for_make_one_backend_call_each(tmp_path, tokenizer, prompts, monkeypatch):
+def test_rounds_asked_for_make_one_backend_call_each(tmp_path, tokenizer, prompts, backend_calls):
     # The counting above can fail: rounds=4 calls the backend once per round that samples.
-    backend_calls = []
-    original = GRPOTrainer._generate_single_turn
-
-    def counted(self, *args, **kwargs):
-        backend_calls.append(self.state.global_step)
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(GRPOTrainer, "_generate_single_turn", counted)
     trainer = _trainer(_config(tmp_path, max_steps=1), tokenizer, prompts, planner=None, rounds=4)
     trainer.train()
     (record,) = trainer.sera_history
