@@ -40,9 +40,9 @@ ROLES = {
 }
 CANDIDATES = ("rounds=2", "rounds=4")
 #: Each benchmark's names for its (CPU, tokens-or-moves, calls) grids and their keys.
-_GRIDS = {"trl_coverage": (("cpu_s", "cpu_grid_s"), ("tokens", "token_grid"), ("calls", "call_grid")),
-          "maze": (("cpu_s", "cpu_grid_s"), ("moves", "move_grid"), ("calls", "call_grid")),
-          "arithmetic": (("cpu_s", "cpu_grid_s"), ("tokens", "token_grid"), ("calls", "call_grid"))}
+_TOKEN_GRIDS = (("cpu_s", "cpu_grid_s"), ("tokens", "token_grid"), ("calls", "call_grid"))
+_GRIDS = {"trl_coverage": _TOKEN_GRIDS, "arithmetic": _TOKEN_GRIDS,
+          "maze": (("cpu_s", "cpu_grid_s"), ("moves", "move_grid"), ("calls", "call_grid"))}
 
 
 def _runs(payload: dict) -> tuple[dict[str, dict[int, dict]], dict[str, list[float]]]:
@@ -91,7 +91,8 @@ def _paired(rows_a: list, rows_b: list) -> dict[str, dict[str, Any]]:
 
 
 def summarize(payload: dict) -> dict[str, Any]:
-    """One configuration: the common amounts, and per point the paired differences the rule reads."""
+    """One configuration: the common amounts, and per point the paired differences the rule
+    reads."""
     runs, grids = _runs(payload)
     kind = "trl" if payload["benchmark"] == "trl_coverage" else "torch"
     roles = ROLES[kind]

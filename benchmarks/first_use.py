@@ -165,7 +165,8 @@ def main(argv=None) -> int:
     payload = {
         "machine": _harness.machine_info(),
         "setup": {"per_prompt": PER_PROMPT, "sizes": list(sizes), "repeats": repeats,
-                  "policy": "RolloutPlanner('sera-fair', alpha=1.0, offset=1, min_rollouts=2)", "target_prompts": M},
+                  "policy": "RolloutPlanner('sera-fair', alpha=1.0, offset=1, min_rollouts=2)",
+                  "target_prompts": M},
         "target_s": TARGET_S, "sizes": results,
     }
     path = _harness.write_json(args.out, "first_use", payload)

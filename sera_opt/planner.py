@@ -448,7 +448,8 @@ def _check_default_options(options: dict[str, Any]) -> None:
         given = ", ".join(f"{k}={options[k]!r}" for k in foreign)
         raise SeraOptError(
             f"RolloutPlanner() allocates with {DEFAULT_POLICY!r} (the default; "
-            f"docs/benchmarks.md, 'A default chosen on cost'), which takes no {', '.join(foreign)}. "
+            f"docs/benchmarks.md, 'A default chosen on cost'), which takes no "
+            f"{', '.join(foreign)}. "
             f"For allocation by the tracker's estimates name the policy: "
             f"RolloutPlanner(\"sera-fair\", {given}, offset=1, min_rollouts=2)."
         )

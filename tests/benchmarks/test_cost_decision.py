@@ -20,7 +20,8 @@ def _curve(level: float) -> list[float]:
 
 def _points(grid, level, reach=None):
     reach = max(grid) if reach is None else reach
-    return [{"at": t, "step": int(t), "spent": t, "value": _curve(level)} for t in grid if t <= reach]
+    return [{"at": t, "step": int(t), "spent": t, "value": _curve(level)}
+            for t in grid if t <= reach]
 
 
 def _levels(shift: dict[str, float], seed: int, rng) -> dict[str, float]:
@@ -121,7 +122,8 @@ def test_below_static_in_one_configuration_loses_despite_gains_elsewhere():
 
 
 def test_below_stock_trl_makes_an_arm_inadmissible():
-    rule = cd.verdict(_all(trl={"trl": 0.1, "sera:rounds=1": 0.1, "sera:policy=uniform:rounds=1": 0.1,
+    rule = cd.verdict(_all(trl={"trl": 0.1, "sera:rounds=1": 0.1,
+                                "sera:policy=uniform:rounds=1": 0.1,
                                 "sera:rounds=4": 0.15}))
     # rounds=2 stays at the others' old level: below stock trl (and static) through TRL
     assert rule["admissible"]["rounds=2"]["admissible"] is False

@@ -18,7 +18,8 @@ def test_the_demo_prints_a_header_a_line_per_step_and_a_summary(capsys):
     assert trl_demo.main(["--steps", "2"]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
-    assert lines[0].startswith("Rollout allocation (sera-fair, alpha 1) + MaxRL advantages inside TRL")
+    assert lines[0].startswith(
+        "Rollout allocation (sera-fair, alpha 1) + MaxRL advantages inside TRL")
     for term in ("min_factor", "alignment", "mean_scale", "loss"):
         assert any(line.startswith(term) for line in lines), f"{term} is not explained"
     assert "not a measure of progress" in out.lower()
