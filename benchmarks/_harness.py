@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from sera_opt._background import ENV_VAR as BACKGROUND_ENV
 from sera_opt.exceptions import SeraOptError, SeraOptWarning
 
 __all__ = [
@@ -298,7 +299,10 @@ def pass_at_k_curve(successes, num_samples: int, k_max: int) -> np.ndarray:
 
 def run_command(name: str, main: Callable[[list[str]], int], argv: list[str] | None = None) -> int:
     """Run a benchmark's ``main`` as a command: a :class:`~sera_opt.SeraOptError` becomes one
-    line on stderr and exit status 2, as under ``sera-opt bench NAME``."""
+    line on stderr and exit status 2, as under ``sera-opt bench NAME``; every kernel is
+    compiled in this process on first use (``SERA_OPT_BACKGROUND_COMPILE=0``), as under
+    ``sera-opt bench``, so that what is timed is the kernel a warm cache gives."""
+    os.environ[BACKGROUND_ENV] = "0"
     try:
         return int(main(sys.argv[1:] if argv is None else argv) or 0)
     except SeraOptError as exc:

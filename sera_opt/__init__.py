@@ -11,6 +11,7 @@ imported by the functions that need them.
 
 from importlib import import_module as _import_module
 
+from ._background import wait_for_kernels
 from ._kernel_cache import (
     KernelCacheInfo,
     clear_kernel_cache,

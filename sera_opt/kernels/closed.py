@@ -553,7 +553,10 @@ def closed_solve(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out):
     Chosen here in Python rather than inside one kernel, because numba compiles a kernel
     with everything it can call: a first call with a small spare (the demo, a small
     batch) then compiles the one-at-a-time kernel alone, about a fifth of the bracket
-    search's compile time."""
+    search's compile time. (The objectives go one step further for a first call with a
+    larger spare: :meth:`sera_opt.separable.objective.SeparableObjective._solve_rows`
+    calls :func:`stepwise_counts` while a background process compiles
+    :func:`bracket_solve`.)"""
     if spare <= STEPWISE_MAX_SPARE:
         return stepwise_counts(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out)
     return bracket_solve(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out)

@@ -50,6 +50,12 @@ SUBSAMPLE_FROM = 32768
 #: microseconds either way).
 STEPWISE_MAX_SPARE = 1024
 
+#: Up to this many spare rollouts the one-at-a-time kernel also serves a larger spare
+#: while the bracket search compiles in a background process (:mod:`sera_opt._background`):
+#: the same counts, at about 0.1 us a rollout handed out (0.5 ms for 1,024 prompts with
+#: 7,168 spare). Beyond it, the bracket search is compiled in the calling process.
+INTERIM_MAX_SPARE = 1 << 16
+
 
 def closed_entry(num_rows: int) -> str:
     """The name of the entry kernel in :mod:`sera_opt.kernels.closed` for ``num_rows`` rows.

@@ -8,8 +8,14 @@ from typing import ClassVar
 import numpy as np
 
 from .. import _jit
+from .._background import BackgroundKernel
 from ..exceptions import InfeasibleBudgetError, SeraOptError
-from ..kernels.kinds import CLOSED_FORM_KINDS, closed_entry
+from ..kernels.kinds import (
+    CLOSED_FORM_KINDS,
+    INTERIM_MAX_SPARE,
+    STEPWISE_MAX_SPARE,
+    closed_entry,
+)
 from ..problem import exact_sum, validate_count, validate_offset
 from . import tiers
 from .inputs import count_bounds
@@ -153,9 +159,14 @@ class SeparableObjective:
                 hi = hi.copy()
             if self._kind in CLOSED_FORM_KINDS:
                 # The entry kernel is chosen here, by the size of the problem, so that no
-                # training batch compiles the largest problems' (see kinds.closed_entry).
-                entry = getattr(_jit.kernels("sera_opt.kernels.closed"),
-                                closed_entry(lo.shape[0]))
+                # training batch compiles the largest problems' (see kinds.closed_entry);
+                # and a spare that needs the bracket search is handed out one rollout at a
+                # time (the same counts) while a background process compiles it.
+                name = closed_entry(lo.shape[0])
+                if (name == "closed_solve" and STEPWISE_MAX_SPARE < spare <= INTERIM_MAX_SPARE
+                        and not BRACKET_SEARCH.ready()):
+                    name = "stepwise_counts"
+                entry = getattr(_jit.kernels("sera_opt.kernels.closed"), name)
                 return entry(self._kind, p0, p1, p2, self.offset, lo, hi, spare, stats,
                              np.empty((4, m), dtype=np.int64), np.empty(m, dtype=np.int64))
             kernels = _jit.kernels("sera_opt.kernels.entries")
@@ -168,6 +179,14 @@ class SeparableObjective:
 
 #: From this many prompts on, the kernels' per-row state is allocated by numpy.
 _NUMPY_STATE_FROM = 1 << 16
+
+
+#: The closed-form kinds' bracket search (numba compiles it in about ten seconds), which
+#: a first solve with more than ``STEPWISE_MAX_SPARE`` spare rollouts has a background
+#: process compile while the one-at-a-time kernel serves (:mod:`sera_opt._background`).
+BRACKET_SEARCH = BackgroundKernel("sera_opt.kernels.closed", "bracket_solve",
+                                  "sera_opt.separable.utilities:warm_bracket_search",
+                                  "kernels.closed.stepwise_counts")
 
 
 class KernelObjective(SeparableObjective):

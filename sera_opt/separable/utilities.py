@@ -12,7 +12,7 @@ from ..kernels import kinds
 from ..problem import success_rates, validate_real
 from .inputs import as_float_row, check_alpha, probabilities
 from .levels import BetaObjective
-from .objective import KernelObjective
+from .objective import KernelObjective, solve_validated
 
 
 class _PointProbabilityObjective(KernelObjective):
@@ -178,3 +178,21 @@ class AlphaFairUtility(KernelObjective):
         else:
             with np.errstate(divide="ignore"):
                 super().__init__(rates, np.log(p), np.full(p.shape, alpha), offset=offset)
+
+
+def warm_bracket_search() -> None:
+    """Solve a problem of 1,024 prompts and 7,168 spare rollouts of the closed-form kind at
+    alpha = 1 through :func:`~sera_opt.separable.objective.solve_validated`, so that the
+    bracket search is compiled (or loaded) for the argument types of the library's own
+    calls (one signature serves every closed-form kind): what the background process of
+    :data:`sera_opt.separable.objective.BRACKET_SEARCH` runs, with background compiles
+    off."""
+    m = 1024
+    objective = AlphaFairUtility((np.arange(m) + 0.5) / m, alpha=1.0)
+    if objective._kind not in kinds.CLOSED_FORM_KINDS:
+        raise RuntimeError("alpha = 1 is no longer a closed-form kind: warm another one")
+    lo = np.ones(m, dtype=np.int64)
+    counts = solve_validated(objective, lo, np.full(m, 64, dtype=np.int64), 7 * m,
+                             np.zeros(4, dtype=np.int64))
+    if int(counts.sum()) != 8 * m:
+        raise RuntimeError("the bracket search's warm-up counts do not sum to its budget")
