@@ -494,8 +494,9 @@ class SeparablePolicy(AllocationPolicy):
                 f"{type(self).__name__}.objective must return a SeparableObjective over the "
                 f"problem's {problem.num_prompts} prompts, got {objective!r}."
             )
-        counts = solve_validated(objective, problem.min_rollouts, problem.max_rollouts,
-                                 problem.spare_budget, np.zeros(4, dtype=np.int64))
+        lo, hi = problem.kernel_bounds()
+        counts = solve_validated(objective, lo, hi, problem.spare_budget,
+                                 np.zeros(4, dtype=np.int64))
         return Allocation._trusted(problem, counts, solver=self.name,
                                    wall_time=time.perf_counter() - start,
                                    objective=objective, posterior=posterior)

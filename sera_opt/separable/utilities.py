@@ -148,7 +148,7 @@ class AlphaFairUtility(KernelObjective):
         """The utility on a validated :class:`~sera_opt.AllocationProblem`, reading its
         probabilities and cached rates as they are (no second validation or copy)."""
         objective = cls.__new__(cls)
-        objective._setup(problem.success_probs, check_alpha(alpha), problem.offset,
+        objective._setup(problem.kernel_probs(), check_alpha(alpha), problem.offset,
                          problem.kernel_rates())
         return objective
 
@@ -159,7 +159,7 @@ class AlphaFairUtility(KernelObjective):
         builds one utility per round, and checking the option again was a tenth of a
         round's planning."""
         objective = cls.__new__(cls)
-        objective._setup(problem.success_probs, alpha, problem.offset, problem.kernel_rates())
+        objective._setup(problem.kernel_probs(), alpha, problem.offset, problem.kernel_rates())
         return objective
 
     def _setup(self, p, alpha, offset, rates):

@@ -123,8 +123,8 @@ def integer_waterline(problem: AllocationProblem, hint: float = math.nan,
     objective = PointLevels.from_problem(problem, hint=hint)
     from ..separable.objective import solve_validated
 
-    return solve_validated(objective, problem.min_rollouts, problem.max_rollouts,
-                           problem.spare_budget, np.zeros(4, dtype=np.int64))
+    return solve_validated(objective, *problem.kernel_bounds(), problem.spare_budget,
+                           np.zeros(4, dtype=np.int64))
 
 
 def _one_call(p, rates, compute_rates: bool, lo, hi, uniform: bool, offset: int, spare: int,
