@@ -217,9 +217,9 @@ class RolloutPlanner(LockedState):
                 allocate_options["posterior"] = (prior if prior is not None
                                                  else tracker.posterior(prompt_ids))
                 success_probs = None
+                repeats, examples = SuccessTracker._repeated_ids(prompt_ids)
             else:
-                success_probs = tracker.estimate(prompt_ids)
-        repeats, examples = SuccessTracker._repeated_ids(prompt_ids)
+                success_probs, repeats, examples = tracker._estimate_and_repeats(prompt_ids)
         if repeats:
             warnings.warn(
                 f"prompt_ids repeats {repeats} prompt id(s) within one {caller}() call (for "

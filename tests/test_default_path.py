@@ -193,6 +193,51 @@ def test_the_planner_reads_a_batch_of_string_ids_once(monkeypatch):
         planner.plan(ids + ["prompt-0"], 328)
 
 
+@pytest.mark.parametrize("kind", ["str", "int"])
+def test_known_ids_are_checked_for_repeats_on_their_slots(monkeypatch, kind):
+    """A batch whose ids the tracker knows is checked for repeated ids on the slots of
+    the estimate's own lookup, with no scratch index; a repeated id, known or not, still
+    gives the warning that names it, and the counts are those of the separate check."""
+    from sera_opt.tracking import SuccessTracker
+
+    ids = [f"p{i}" if kind == "str" else 10 * i for i in range(50)]
+    planner = sera_opt.RolloutPlanner(max_rollouts=64)
+    planner.observe(np.repeat(ids, 2), np.tile([1.0, 0.0], 50))
+    real = SuccessTracker._repeated_ids
+    calls = []
+    monkeypatch.setattr(SuccessTracker, "_repeated_ids",
+                        staticmethod(lambda parsed: calls.append(1) or real(parsed)))
+    counts = planner.plan(ids, 403).counts
+    assert calls == [], "a batch of known ids was hashed again"
+    np.testing.assert_array_equal(counts, sera_opt.get_policy("uniform", offset=1,
+                                  min_rollouts=2, max_rollouts=64).allocate(
+                                      np.full(50, 0.5), 403).counts)
+    for extra in (ids[7], "new" if kind == "str" else 12345):
+        with pytest.warns(sera_opt.SeraOptWarning) as caught:
+            planner.plan(ids + [extra, extra], 416)
+        assert "repeats 1 prompt id" in str(caught[0].message)
+        assert repr(extra) in str(caught[0].message)
+
+
+@settings(max_examples=200, deadline=None)
+@given(m=st.integers(1, 300), lo=st.integers(1, 9), room=st.integers(0, 40),
+       share=st.floats(0.0, 1.0), offset=st.integers(0, 1))
+def test_uniform_counts_with_equal_bounds_equal_the_water_fill(m, lo, room, share, offset):
+    """Equal bounds take the uniform split without the water-fill's search: the same
+    counts as ``even_increments`` (remainder to the lowest indices)."""
+    from sera_opt.policies.core import uniform_counts
+    from sera_opt.separable.tiers import even_increments
+
+    lo = max(lo, 1 + offset)
+    hi = lo + room
+    budget = m * lo + int(round(share * m * room))
+    problem = sera_opt.AllocationProblem(np.full(m, 0.5), budget, lo, hi, offset)
+    assert problem.uniform_bounds
+    lows = problem.min_rollouts
+    want = lows + even_increments(lows, problem.max_rollouts - lows, problem.spare_budget)
+    np.testing.assert_array_equal(uniform_counts(problem), want)
+
+
 def test_the_alpha_2_crossing_keeps_its_digits_at_the_first_steps():
     """A prompt's largest alpha = 2 gain (its first step, a large value): the closed-form
     crossing of that very value lies on the step, so a count pass there must find no gain

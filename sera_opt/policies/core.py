@@ -161,6 +161,13 @@ def uniform_counts(problem: AllocationProblem):
     """Counts as even as the budget and bounds allow: water-filling, the lowest counts
     raised first, ties to the lower index (the lexicographic max-min of the counts)."""
     lo = problem.min_rollouts
+    if problem.uniform_bounds:
+        # Equal bounds: every prompt gets the same share, and the remainder goes one each
+        # to the lowest indices (the water-fill's tie rule), without its search.
+        share, left = divmod(problem.spare_budget, problem.num_prompts)
+        counts = lo + share
+        counts[:left] += 1
+        return counts
     return lo + even_increments(lo, problem.max_rollouts - lo, problem.spare_budget)
 
 
