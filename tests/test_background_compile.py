@@ -191,13 +191,14 @@ def test_a_first_large_step_does_not_wait_for_the_bracket_search(tmp_path):
 
 @pytest.mark.slow
 def test_the_warm_up_compiles_the_signature_the_library_calls(tmp_path):
-    """The child's warm-up call, solves through the policies and a round session's rounds
-    compile one signature of the bracket search between them (else the parent would
+    """The children's warm-up calls, solves through the policies and a round session's
+    rounds compile one signature of each search between them (else the parent would
     compile it again)."""
     code = ("import sera_opt\n"
             "from sera_opt.kernels import closed\n"
             "from sera_opt.separable import utilities\n"
             "utilities.warm_bracket_search()\n"
+            "utilities.warm_collecting_search()\n"
             "import numpy as np\n"
             "p = np.random.default_rng(0).uniform(0, 1, 1024)\n"
             "for alpha in (0.0, 1.0, 2.0):\n"
@@ -206,10 +207,11 @@ def test_the_warm_up_compiles_the_signature_the_library_calls(tmp_path):
             "session = planner.start_rounds(np.arange(1024), 16384, rounds=2, observe=False)\n"
             "while not session.done:\n"
             "    session.record(np.ones(int(session.next_round().sum())))\n"
-            "print(len(closed.bracket_solve.signatures))\n")
+            "sera_opt.get_policy('knapsack').allocate(p, 8192, max_rollouts=64)\n"
+            "print(len(closed.bracket_solve.signatures), len(closed.collect_solve.signatures))\n")
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
     env.update({"SERA_OPT_CACHE_DIR": str(tmp_path), _background.ENV_VAR: "0"})
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=env, timeout=900)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split()[-1] == "1", out.stdout
+    assert out.stdout.split()[-2:] == ["1", "1"], out.stdout

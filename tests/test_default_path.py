@@ -131,9 +131,10 @@ def test_the_training_batch_kernel_equals_exhaustive_sort(seed, m, ties, identic
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1), m=st.integers(20, 700), share=st.floats(0.001, 0.3))
 def test_the_bracket_search_is_exact_at_small_spares_too(seed, m, share):
-    """``bracket_solve``, which ``closed_solve`` calls only beyond STEPWISE_MAX_SPARE
-    spare rollouts, is exact at any spare: called directly with the small ones that
-    ``closed_solve`` hands out one at a time, it gives the counts of the exhaustive sort."""
+    """``bracket_solve`` and ``collect_solve``, which ``closed_solve`` calls only beyond
+    STEPWISE_MAX_SPARE spare rollouts, are exact at any spare: called directly with the
+    small ones that ``closed_solve`` hands out one at a time, they give the counts of the
+    exhaustive sort."""
     from sera_opt.kernels.kinds import CLOSED_FORM_KINDS
 
     rng = np.random.default_rng(seed)
@@ -145,21 +146,24 @@ def test_the_bracket_search_is_exact_at_small_spares_too(seed, m, share):
     budget = int(lo.sum()) + min(max(1, int(share * total)), total - 1)
     for objective in objectives_for(rng, m, ties=False):
         if objective._kind in CLOSED_FORM_KINDS:
-            np.testing.assert_array_equal(
-                closed_entry_counts("bracket_solve", objective, budget, lo, hi),
-                sorted_reference(objective, budget, lo, hi),
-                err_msg=f"{type(objective).__name__}, {m} rows")
+            want = sorted_reference(objective, budget, lo, hi)
+            for name in ("bracket_solve", "collect_solve"):
+                np.testing.assert_array_equal(
+                    closed_entry_counts(name, objective, budget, lo, hi), want,
+                    err_msg=f"{type(objective).__name__} through {name}, {m} rows")
 
 
 def test_closed_solve_enters_one_kernel_by_the_spare(monkeypatch):
     """``closed_solve`` calls the one-at-a-time kernel up to STEPWISE_MAX_SPARE spare
-    rollouts and the bracket search beyond, each alone: a first call with a small spare
-    compiles only the small kernel."""
+    rollouts and the search beyond (Knapsack's collecting one, the heap's for the
+    others), each alone: a first call with a small spare compiles only the small
+    kernel."""
     from sera_opt.kernels import closed
     from sera_opt.kernels.kinds import STEPWISE_MAX_SPARE
+    from sera_opt.separable import KnapsackValue
 
     entered = []
-    for name in ("stepwise_counts", "bracket_solve"):
+    for name in ("stepwise_counts", "bracket_solve", "collect_solve"):
         real = getattr(closed, name)
         monkeypatch.setattr(closed, name,
                             lambda *args, _name=name, _real=real: entered.append(_name)
@@ -172,6 +176,13 @@ def test_closed_solve_enters_one_kernel_by_the_spare(monkeypatch):
         np.testing.assert_array_equal(counts, sorted_reference(objective, int(lo.sum()) + spare,
                                                                lo, hi))
     assert entered == ["stepwise_counts"] * 2 + ["bracket_solve"] * 2, entered
+    entered.clear()
+    knapsack = KnapsackValue(np.linspace(0.05, 0.95, m))
+    for spare in (STEPWISE_MAX_SPARE, 3000):
+        counts = closed_entry_counts("closed_solve", knapsack, int(lo.sum()) + spare, lo, hi)
+        np.testing.assert_array_equal(counts, sorted_reference(knapsack, int(lo.sum()) + spare,
+                                                               lo, hi))
+    assert entered == ["stepwise_counts", "collect_solve"], entered
 
 
 def test_the_planner_reads_a_batch_of_string_ids_once(monkeypatch):

@@ -666,7 +666,8 @@ def test_the_python_list_of_closed_form_kinds_is_the_kernels_own():
     assert {kind for kind in numbers if gains.closed_form(kind)} == kinds.CLOSED_FORM_KINDS
 
 
-CLOSED_ENTRIES = ("stepwise_counts", "bracket_solve", "closed_solve", "closed_counts_sampled_exact")
+CLOSED_ENTRIES = ("stepwise_counts", "bracket_solve", "collect_solve", "closed_solve",
+                  "closed_counts_sampled_exact")
 
 
 def closed_entry_counts(name, objective, budget, lo, hi):

@@ -15,13 +15,13 @@ from .crossing import row_crossing, settled_start
 from .floatkeys import counts_from, float_key, float_key_below, float_unkey
 from .gains import gain, pass_constant
 from .general import select_spare
-from .kinds import CLOSED_SUBSAMPLE_FROM, STEPWISE_MAX_SPARE
+from .kinds import CLOSED_SUBSAMPLE_FROM, KNAPSACK, STEPWISE_MAX_SPARE
 from .selection import kth_largest, pick_ties, take_beyond
 
 _INF = np.inf
 
 __all__ = ["CLOSED_SUBSAMPLE_FROM", "bracket_solve", "closed_counts_sampled_exact",
-           "closed_solve", "stepwise_counts", "strided_subsample"]
+           "closed_solve", "collect_solve", "stepwise_counts", "strided_subsample"]
 
 # The memo of rows with equal parameters (see _closed_count and _memo_new): 64
 # entries, indexed by the top bits of a multiplicative hash of the parameters' bits.
@@ -553,13 +553,51 @@ def closed_solve(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out):
     Chosen here in Python rather than inside one kernel, because numba compiles a kernel
     with everything it can call: a first call with a small spare (the demo, a small
     batch) then compiles the one-at-a-time kernel alone, about a fifth of the bracket
-    search's compile time. (The objectives go one step further for a first call with a
-    larger spare: :meth:`sera_opt.separable.objective.SeparableObjective._solve_rows`
-    calls :func:`stepwise_counts` while a background process compiles
-    :func:`bracket_solve`.)"""
+    search's compile time. Beyond it, Knapsack goes to :func:`collect_solve` (see
+    :func:`~sera_opt.kernels.kinds.search_entry`). (The objectives go one step further
+    for a first call with a larger spare:
+    :meth:`sera_opt.separable.objective.SeparableObjective._solve_rows` calls
+    :func:`stepwise_counts` while a background process compiles the search.)"""
     if spare <= STEPWISE_MAX_SPARE:
         return stepwise_counts(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out)
+    if kind == KNAPSACK:
+        return collect_solve(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out)
     return bracket_solve(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _small_opening(kind, p0, p1, p2, c, lo, hi, spare, total, stats, ends, slot, known, fbuf,
+                   ibuf):
+    """The opening bracket below ``SUBSAMPLE_FROM`` rows: from the rows' extreme gains
+    below ``CLOSED_SUBSAMPLE_FROM`` rows, else from a strided subsample solved for its
+    share of the budget by the closed-form search stopped early."""
+    if lo.shape[0] < CLOSED_SUBSAMPLE_FROM:
+        return _closed_extremes(kind, p0, p1, p2, c, lo, hi, spare, total, fbuf, ibuf, stats,
+                                ends, slot, known)
+    return _opened_by_level(kind, p0, p1, p2, c, lo, hi, spare, total, stats, ends, slot,
+                            known, fbuf, ibuf)
+
+
+@njit(cache=True, error_model="numpy")
+def collect_solve(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out):
+    """:func:`bracket_solve`'s search with the finish of the largest problems' kernel: the
+    gains left in the bracket are collected once (rows with equal parameters sharing
+    them) and selected, instead of handed out from a heap that evaluates one gain per
+    step. :func:`closed_solve` calls it for Knapsack, whose gain costs two exponentials
+    (the same arguments, tie rule and edge cases as :func:`bracket_solve`). An entry of
+    its own, so that neither search compiles the other's finish."""
+    total = _room(lo, hi)
+    if spare <= 0:
+        return counts_from(lo, out)
+    if spare >= total:
+        return counts_from(hi, out)
+    fbuf = np.empty(1, dtype=np.float64)
+    ibuf = fbuf.view(np.int64)
+    ends, slot, known = _closed_ends(lo, hi, _YES, work_i)
+    key_a, key_b, c_a, c_b = _small_opening(kind, p0, p1, p2, c, lo, hi, spare, total, stats,
+                                            ends, slot, known, fbuf, ibuf)
+    return _closed_finish(kind, p0, p1, p2, c, lo, hi, spare, stats, out, key_a, key_b, c_a,
+                          c_b, ends, slot, known, fbuf, ibuf)
 
 
 @njit(cache=True, error_model="numpy")
@@ -592,12 +630,8 @@ def bracket_solve(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out):
     fbuf = np.empty(1, dtype=np.float64)
     ibuf = fbuf.view(np.int64)
     ends, slot, known = _closed_ends(lo, hi, _YES, work_i)
-    if m < CLOSED_SUBSAMPLE_FROM:
-        key_a, key_b, c_a, c_b = _closed_extremes(kind, p0, p1, p2, c, lo, hi, spare, total,
-                                                  fbuf, ibuf, stats, ends, slot, known)
-    else:
-        key_a, key_b, c_a, c_b = _opened_by_level(kind, p0, p1, p2, c, lo, hi, spare, total,
-                                                  stats, ends, slot, known, fbuf, ibuf)
+    key_a, key_b, c_a, c_b = _small_opening(kind, p0, p1, p2, c, lo, hi, spare, total, stats,
+                                            ends, slot, known, fbuf, ibuf)
     # From the extremes, narrowed further than the collecting finish needs: a step handed
     # out from the heap costs a gain and a sift, several times a row's share of a count
     # pass. A subsample's opening leaves a bracket of a few hundred steps at 1,024 rows, and

@@ -69,3 +69,12 @@ def closed_entry(num_rows: int) -> str:
     if num_rows < SUBSAMPLE_FROM:
         return "closed_solve"
     return "closed_counts_sampled_exact"
+
+
+def search_entry(kind: int) -> str:
+    """The kernel of :mod:`sera_opt.kernels.closed` that
+    :func:`~sera_opt.kernels.closed.closed_solve` calls for this closed-form kind beyond
+    ``STEPWISE_MAX_SPARE`` spare rollouts: ``collect_solve`` for Knapsack (whose gain
+    costs two exponentials, evaluated once per step in the bracket and shared between
+    equal rows), ``bracket_solve`` (the heap's finish) for the others."""
+    return "collect_solve" if kind == KNAPSACK else "bracket_solve"

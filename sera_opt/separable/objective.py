@@ -15,6 +15,7 @@ from ..kernels.kinds import (
     INTERIM_MAX_SPARE,
     STEPWISE_MAX_SPARE,
     closed_entry,
+    search_entry,
 )
 from ..problem import exact_sum, validate_count, validate_offset
 from . import tiers
@@ -164,7 +165,7 @@ class SeparableObjective:
                 # time (the same counts) while a background process compiles it.
                 name = closed_entry(lo.shape[0])
                 if (name == "closed_solve" and STEPWISE_MAX_SPARE < spare <= INTERIM_MAX_SPARE
-                        and not BRACKET_SEARCH.ready()):
+                        and not SEARCHES[search_entry(self._kind)].ready()):
                     name = "stepwise_counts"
                 entry = getattr(_jit.kernels("sera_opt.kernels.closed"), name)
                 return entry(self._kind, p0, p1, p2, self.offset, lo, hi, spare, stats,
@@ -181,12 +182,17 @@ class SeparableObjective:
 _NUMPY_STATE_FROM = 1 << 16
 
 
-#: The closed-form kinds' bracket search (numba compiles it in about ten seconds), which
-#: a first solve with more than ``STEPWISE_MAX_SPARE`` spare rollouts has a background
-#: process compile while the one-at-a-time kernel serves (:mod:`sera_opt._background`).
-BRACKET_SEARCH = BackgroundKernel("sera_opt.kernels.closed", "bracket_solve",
-                                  "sera_opt.separable.utilities:warm_bracket_search",
-                                  "kernels.closed.stepwise_counts")
+#: The closed-form kinds' searches beyond ``STEPWISE_MAX_SPARE`` spare rollouts
+#: (:func:`~sera_opt.kernels.kinds.search_entry`; numba compiles each in about ten
+#: seconds), by kernel name: a first solve that needs one has a background process
+#: compile it while the one-at-a-time kernel serves (:mod:`sera_opt._background`).
+SEARCHES = {
+    name: BackgroundKernel("sera_opt.kernels.closed", name,
+                           f"sera_opt.separable.utilities:{warm}",
+                           "kernels.closed.stepwise_counts")
+    for name, warm in (("bracket_solve", "warm_bracket_search"),
+                       ("collect_solve", "warm_collecting_search"))
+}
 
 
 class KernelObjective(SeparableObjective):

@@ -181,18 +181,25 @@ class AlphaFairUtility(KernelObjective):
 
 
 def warm_bracket_search() -> None:
-    """Solve a problem of 1,024 prompts and 7,168 spare rollouts of the closed-form kind at
-    alpha = 1 through :func:`~sera_opt.separable.objective.solve_validated`, so that the
-    bracket search is compiled (or loaded) for the argument types of the library's own
-    calls (one signature serves every closed-form kind): what the background process of
-    :data:`sera_opt.separable.objective.BRACKET_SEARCH` runs, with background compiles
-    off."""
-    m = 1024
-    objective = AlphaFairUtility((np.arange(m) + 0.5) / m, alpha=1.0)
+    """Compile (or load) the heap's search, ``bracket_solve``, for the argument types of
+    the library's own calls (one signature serves every closed-form kind): what the
+    background process of :data:`sera_opt.separable.objective.SEARCHES` runs for it."""
+    _warm_search(AlphaFairUtility((np.arange(1024) + 0.5) / 1024, alpha=1.0))
+
+
+def warm_collecting_search() -> None:
+    """:func:`warm_bracket_search` for ``collect_solve``, Knapsack's search."""
+    _warm_search(KnapsackValue((np.arange(1024) + 0.5) / 1024))
+
+
+def _warm_search(objective) -> None:
+    """Solve 1,024 prompts with bounds 1..64 and 7,168 spare rollouts through
+    :func:`~sera_opt.separable.objective.solve_validated` (background compiles off in the
+    process that runs it), which calls the objective's search."""
+    m = objective.num_prompts
     if objective._kind not in kinds.CLOSED_FORM_KINDS:
-        raise RuntimeError("alpha = 1 is no longer a closed-form kind: warm another one")
-    lo = np.ones(m, dtype=np.int64)
-    counts = solve_validated(objective, lo, np.full(m, 64, dtype=np.int64), 7 * m,
-                             np.zeros(4, dtype=np.int64))
+        raise RuntimeError(f"{type(objective).__name__} is not a closed-form kind")
+    counts = solve_validated(objective, np.ones(m, dtype=np.int64),
+                             np.full(m, 64, dtype=np.int64), 7 * m, np.zeros(4, dtype=np.int64))
     if int(counts.sum()) != 8 * m:
-        raise RuntimeError("the bracket search's warm-up counts do not sum to its budget")
+        raise RuntimeError("the search's warm-up counts do not sum to its budget")
