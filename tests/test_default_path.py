@@ -230,22 +230,46 @@ def test_known_ids_are_checked_for_repeats_on_their_slots(monkeypatch, kind):
         assert repr(extra) in str(caught[0].message)
 
 
-@settings(max_examples=200, deadline=None)
-@given(m=st.integers(1, 300), lo=st.integers(1, 9), room=st.integers(0, 40),
-       share=st.floats(0.0, 1.0), offset=st.integers(0, 1))
-def test_uniform_counts_with_equal_bounds_equal_the_water_fill(m, lo, room, share, offset):
-    """Equal bounds take the uniform split without the water-fill's search: the same
-    counts as ``even_increments`` (remainder to the lowest indices)."""
-    from sera_opt.policies.core import uniform_counts
+def one_at_a_time(start, cap, extra):
+    """The water-fill by its definition: each rollout to the row with the lowest
+    ``start + increment`` that can still take one, ties to the lower index."""
+    inc = [0] * len(start)
+    for _ in range(extra):
+        open_rows = [i for i in range(len(start)) if inc[i] < cap[i]]
+        if not open_rows:
+            break
+        inc[min(open_rows, key=lambda i: (start[i] + inc[i], i))] += 1
+    return np.array(inc, dtype=np.int64)
+
+
+@settings(max_examples=150, deadline=None)
+@given(m=st.integers(1, 40), lo=st.integers(0, 9), room=st.integers(0, 12),
+       extra=st.integers(0, 600), equal=st.booleans(), seed=st.integers(0, 2**32 - 1))
+def test_even_increments_equal_the_one_at_a_time_water_fill(m, lo, room, extra, equal, seed):
+    """Equal starts and caps take the even split without the search; both ways give the
+    counts of handing the rollouts out one at a time (also past the rows' room)."""
     from sera_opt.separable.tiers import even_increments
 
+    rng = np.random.default_rng(seed)
+    start = np.full(m, lo) if equal else lo + rng.integers(0, 4, m)
+    cap = np.full(m, room) if equal else rng.integers(0, room + 1, m)
+    np.testing.assert_array_equal(even_increments(start, cap, extra),
+                                  one_at_a_time(start, cap, extra))
+
+
+@settings(max_examples=100, deadline=None)
+@given(m=st.integers(1, 60), lo=st.integers(1, 9), room=st.integers(0, 20),
+       share=st.floats(0.0, 1.0), offset=st.integers(0, 1))
+def test_uniform_counts_with_equal_bounds_equal_the_water_fill(m, lo, room, share, offset):
+    """Uniform allocation with equal bounds (the split read off the problem's bounds,
+    without looking at them) hands out the rollouts as one at a time would."""
+    from sera_opt.policies.core import uniform_counts
+
     lo = max(lo, 1 + offset)
-    hi = lo + room
     budget = m * lo + int(round(share * m * room))
-    problem = sera_opt.AllocationProblem(np.full(m, 0.5), budget, lo, hi, offset)
+    problem = sera_opt.AllocationProblem(np.full(m, 0.5), budget, lo, lo + room, offset)
     assert problem.uniform_bounds
-    lows = problem.min_rollouts
-    want = lows + even_increments(lows, problem.max_rollouts - lows, problem.spare_budget)
+    want = lo + one_at_a_time([lo] * m, [room] * m, budget - m * lo)
     np.testing.assert_array_equal(uniform_counts(problem), want)
 
 

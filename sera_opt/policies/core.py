@@ -10,7 +10,7 @@ import numpy as np
 from ..problem import AllocationProblem
 from ..result import Allocation
 from ..separable import SeparableObjective
-from ..separable.tiers import even_increments
+from ..separable.tiers import even_increments, even_split
 from ..solvers.base import SOLVERS, get_solver, is_registered
 from ..solvers.waterline import WaterlineSolver, allocate_batch
 from .base import DEFAULT_MAX_RATIO, AllocationPolicy, register_policy, unknown_option_error
@@ -161,13 +161,8 @@ def uniform_counts(problem: AllocationProblem):
     """Counts as even as the budget and bounds allow: water-filling, the lowest counts
     raised first, ties to the lower index (the lexicographic max-min of the counts)."""
     lo = problem.min_rollouts
-    if problem.uniform_bounds:
-        # Equal bounds: every prompt gets the same share, and the remainder goes one each
-        # to the lowest indices (the water-fill's tie rule), without its search.
-        share, left = divmod(problem.spare_budget, problem.num_prompts)
-        counts = lo + share
-        counts[:left] += 1
-        return counts
+    if problem.uniform_bounds:  # known without reading the bounds (validated: room for all)
+        return lo + even_split(problem.num_prompts, problem.spare_budget)
     return lo + even_increments(lo, problem.max_rollouts - lo, problem.spare_budget)
 
 
