@@ -16,7 +16,9 @@ in the background (the kernels compile in memory because the cache cannot be wri
 ``NUMBA_DISABLE_JIT=1``, the child could not be started, failed or took longer than
 :data:`TIMEOUT_S`, or ``SERA_OPT_BACKGROUND_COMPILE=0``): then the caller calls the
 kernel and numba loads or compiles it here, as it would without this module. Each
-start, end and failure is one notice (:mod:`sera_opt._notices`).
+start, end and failure is one notice (:mod:`sera_opt._notices`). A process forked while
+the child compiles (it cannot wait on another's child) keeps the smaller kernel until
+the kernel's cache index appears.
 
 The child runs ``python -m sera_opt._background MODULE:FUNCTION``: it imports the
 module and calls the function, which calls the kernel with the argument types of the
@@ -71,6 +73,7 @@ class BackgroundKernel:
         self._child: subprocess.Popen | None = None
         self._output = None
         self._started = 0.0
+        self._owner = 0  # the process that started the child (a forked copy cannot wait on it)
         self._lock = threading.Lock()
         _KERNELS.append(self)
 
@@ -103,6 +106,11 @@ class BackgroundKernel:
 
     def _check(self) -> bool:
         if self._child is not None:
+            if self._owner != os.getpid():
+                # A process forked while the child compiled (a data loader's worker, say):
+                # the child is not its own to wait on, so it waits for the cache instead.
+                return (self._index_exists(self._dispatcher())
+                        or time.monotonic() - self._started >= TIMEOUT_S)
             return self._poll()
         dispatcher = self._dispatcher()
         if not hasattr(dispatcher, "signatures") or dispatcher.signatures:
@@ -112,11 +120,16 @@ class BackgroundKernel:
         directory = _kernel_cache.directory_for_compiling()
         if directory is None:
             return True  # no disk cache to hand the kernel over: compile it here
-        index = getattr(getattr(getattr(dispatcher, "_cache", None), "_cache_file", None),
-                        "_index_path", None)
-        if not index or os.path.exists(index):
+        if self._index_exists(dispatcher, missing=True):
             return True  # in the cache (numba loads it), or a cache numba does not index
         return not self._start(directory)
+
+    @staticmethod
+    def _index_exists(dispatcher, missing: bool = False) -> bool:
+        """Whether the kernel's cache index is on disk (``missing`` when it has none)."""
+        index = getattr(getattr(getattr(dispatcher, "_cache", None), "_cache_file", None),
+                        "_index_path", None)
+        return missing if not index else os.path.exists(index)
 
     def _start(self, directory) -> bool:
         """Start the child; whether it started."""
@@ -137,6 +150,7 @@ class BackgroundKernel:
                    f"background ({exc}); compiling it in this process.", level=logging.INFO)
             return False
         self._started = time.monotonic()
+        self._owner = os.getpid()
         notice(f"sera_opt: compiling {self.label} in a background process (once per version, "
                f"into the kernel cache); until it is ready, {self.interim} gives the same "
                f"counts.", level=logging.INFO)

@@ -123,6 +123,17 @@ def test_a_child_that_runs_too_long_is_stopped(fake, monkeypatch):
     assert "was stopped; compiling it in this process." in fake.said[-1]
 
 
+def test_a_forked_process_waits_for_the_cache_not_for_the_child(fake, tmp_path, monkeypatch):
+    """A process forked while the child compiles cannot wait on the child: it keeps the
+    interim kernel until the kernel's cache index appears (or the timeout passes)."""
+    kernel = fake.make()
+    assert kernel.ready() is False
+    monkeypatch.setattr(kernel, "_owner", -1)
+    assert kernel.ready() is False
+    (tmp_path / "kernel.nbi").write_bytes(b"")
+    assert kernel.ready() is True
+
+
 def test_wait_for_kernels_returns_at_once_when_nothing_compiles():
     assert sera_opt.wait_for_kernels(timeout=0) is True
 
