@@ -18,7 +18,9 @@ of load on a shared machine touches all of them alike):
   integer and with string ids (ids the tracker has seen once), the same for the library's
   default planner ``RolloutPlanner(max_rollouts=64)`` (uniform allocation), and the planning of
   a 4-round session (``start_rounds`` and every ``next_round``; rewards are drawn
-  outside the clock);
+  outside the clock); beside them, the closed-form kernel of ``sera-fair`` (alpha 1) on
+  the same problem by the bracket search and by the one-at-a-time kernel that serves
+  while a background process compiles the search;
 * **allocate**: ``sera_opt.allocate(p, 8 M, min_rollouts=1, max_rollouts=64)``
   beside ``policy.allocate`` of the same arrays, at M = 1,024;
 * **first use**: a fresh process with an empty kernel cache (a new
@@ -167,6 +169,32 @@ def measure_kernels(sizes, repeats: int, show: bool) -> list[dict]:
     return rows
 
 
+def interim_cases(p, budget: int) -> dict:
+    """The closed-form search and the one-at-a-time kernel that serves while a background
+    process compiles it, called directly on the same problem (``sera-fair`` at alpha = 1,
+    bounds ``MIN_ROLLOUTS..MAX_ROLLOUTS``): what a first call with a large spare costs."""
+    from sera_opt import _jit
+    from sera_opt.separable import AlphaFairUtility
+
+    kernels = _jit.kernels("sera_opt.kernels.closed")
+    objective = AlphaFairUtility(p, alpha=1.0)
+    p0, p1, p2 = objective._params()
+    m = p.shape[0]
+    lo = np.full(m, MIN_ROLLOUTS, dtype=np.int64)
+    hi = np.full(m, MAX_ROLLOUTS, dtype=np.int64)
+    spare = budget - MIN_ROLLOUTS * m
+
+    def call(kernel):
+        return kernel(objective._kind, p0, p1, p2, objective.offset, lo, hi, spare,
+                      np.zeros(4, dtype=np.int64), np.empty((4, 0), dtype=np.int64),
+                      np.empty(0, dtype=np.int64))
+
+    search, interim = kernels.bracket_solve, kernels.stepwise_counts
+    assert np.array_equal(call(search), call(interim)), "the interim kernel's counts differ"
+    return {"sera-fair kernel, bracket search": lambda: call(search),
+            "sera-fair kernel, one at a time": lambda: call(interim)}
+
+
 def measure_planner(repeats: int, show: bool) -> dict:
     import sera_opt
 
@@ -215,6 +243,7 @@ def measure_planner(repeats: int, show: bool) -> dict:
                                                        max_rollouts=MAX_ROLLOUTS),
         "policy.allocate": lambda: policy.allocate(p, budget),
     }
+    cases.update(interim_cases(p, budget))
     medians = interleaved(cases, repeats, 0.02)
     # The session's own planning time (the rewards drawn between rounds are outside it).
     session()

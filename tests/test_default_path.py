@@ -321,5 +321,25 @@ def test_the_planner_measurement_times_the_default_planner_beside_sera_fair():
     out = default_path.measure_planner(1, False)
     medians = out["medians_s"]
     for case in ("plan int ids", "plan str ids", "default plan int ids", "default plan str ids",
-                 "4-round session planning"):
+                 "4-round session planning", "sera-fair kernel, bracket search",
+                 "sera-fair kernel, one at a time"):
         assert medians[case] > 0, case
+
+
+def test_the_summary_reports_first_use_both_ways():
+    """The first-use lines name the way (background or in-process), the time until every
+    kernel was ready, and the ratio of the two batch sizes for each way."""
+    from sera_opt.benchmarks import default_path
+
+    first = [{"prompts": m, "mode": mode, "step_s": step, "ready_s": ready, "runs": []}
+             for m, mode, step, ready in ((64, "background", 5.0, 5.0),
+                                          (64, "in-process", 5.0, 5.0),
+                                          (1024, "background", 6.0, 12.0),
+                                          (1024, "in-process", 15.0, 15.0))]
+    payload = {"setup": {"sizes": []}, "kernels": [], "first_use": first,
+               "planner": {"prompts": 1024, "medians_s": {}, "allocate_vs_policy": 1.0}}
+    text = default_path.summary(payload)
+    assert ("first use, empty cache, M = 1,024 (background): 6.0 s; every kernel ready after "
+            "12.0 s") in text
+    assert "first use (background), M = 1,024 / M = 64: 1.20" in text
+    assert "first use (in-process), M = 1,024 / M = 64: 3.00" in text
