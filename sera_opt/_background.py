@@ -137,6 +137,11 @@ class BackgroundKernel:
         env[_kernel_cache.ENV_VAR] = str(directory.parent)
         env[ENV_VAR] = "0"
         env.pop("NUMBA_CACHE_DIR", None)
+        # The child imports this very package (a source tree on sys.path, say, rather than
+        # an installed release): another copy would compile under another cache key.
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env["PYTHONPATH"] = os.pathsep.join(
+            [root] + [part for part in env.get("PYTHONPATH", "").split(os.pathsep) if part])
         self._output = tempfile.TemporaryFile(mode="w+")
         try:
             self._child = subprocess.Popen(

@@ -74,6 +74,29 @@ def test_a_kernel_not_cached_is_compiled_by_a_child_then_ready(fake):
     assert kernel._child.returncode == 0
 
 
+def test_the_child_imports_this_package_and_caches_where_the_caller_does(fake, tmp_path,
+                                                                           monkeypatch):
+    """The child's environment puts this package's root first on PYTHONPATH (another copy
+    of sera_opt would compile under another cache key), names the caller's cache base,
+    and turns background compiles off in the child."""
+    seen = {}
+    real = subprocess.Popen
+
+    def spy(argv, **kwargs):
+        seen.update(kwargs["env"], argv=argv)
+        return real(argv, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", spy)
+    monkeypatch.setenv("PYTHONPATH", "elsewhere")
+    kernel = fake.make()
+    assert kernel.ready() is False
+    root = os.path.dirname(os.path.dirname(os.path.abspath(_background.__file__)))
+    assert seen["PYTHONPATH"].split(os.pathsep) == [root, "elsewhere"]
+    assert seen[_kernel_cache.ENV_VAR] == str(tmp_path)
+    assert seen[_background.ENV_VAR] == "0"
+    assert seen["argv"][1:] == ["-m", "sera_opt._background", "builtins:dict"]
+
+
 @pytest.mark.parametrize("setting", ["0", "false", "Off", "no"])
 def test_background_compiles_can_be_switched_off(fake, monkeypatch, setting):
     monkeypatch.setenv(_background.ENV_VAR, setting)
