@@ -207,19 +207,21 @@ class RolloutPlanner(LockedState):
             # The policies and the tracker of one state (load_state_dict swaps them all).
             static, tracker = self.policy, self.tracker
             policy = self.round_policy if rounds else static
-            prior = tracker.posterior(prompt_ids) if posterior else None
             if "posterior" in policy.extra_inputs:
                 if "posterior" in allocate_options:
                     raise SeraOptError(
                         "the planner passes the tracker's posterior itself; do not pass "
                         "posterior=."
                     )
-                allocate_options["posterior"] = (prior if prior is not None
-                                                 else tracker.posterior(prompt_ids))
+                allocate_options["posterior"] = tracker.posterior(prompt_ids)
+                prior = allocate_options["posterior"] if posterior else None
                 success_probs = None
                 repeats, examples = SuccessTracker._repeated_ids(prompt_ids)
             else:
-                success_probs, repeats, examples = tracker._estimate_and_repeats(prompt_ids)
+                # The estimates, the check for repeats and (for a round session) the
+                # posterior from one lookup of the ids.
+                success_probs, repeats, examples, prior = tracker._estimate_and_repeats(
+                    prompt_ids, posterior=posterior)
         if repeats:
             warnings.warn(
                 f"prompt_ids repeats {repeats} prompt id(s) within one {caller}() call (for "

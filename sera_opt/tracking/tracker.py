@@ -382,24 +382,29 @@ class SuccessTracker(LockedState):
             slots = self._index.lookup(parsed)[0]
             return self._evidence.means(slots, a0, b0, _LOWEST, _HIGHEST)
 
-    def _estimate_and_repeats(self, prompt_ids) -> tuple[np.ndarray, int, list]:
-        """:meth:`estimate` and :meth:`_repeated_ids` of ``prompt_ids`` from one lookup:
-        when every id has a slot, the ids repeat exactly where their slots do, so the
-        check sorts the slots (integers) instead of hashing the ids again (for string
-        ids, a scratch index cost about a fifth of a planner's step at 1,024 prompts).
-        A batch with unseen or repeated ids takes :meth:`_repeated_ids` (the same
-        answer, and its examples)."""
+    def _estimate_and_repeats(self, prompt_ids, *, posterior: bool = False):
+        """:meth:`estimate` and :meth:`_repeated_ids` of ``prompt_ids``, and with
+        ``posterior`` also :meth:`posterior` (else None), from one lookup: when every id
+        has a slot, the ids repeat exactly where their slots do, so the check sorts the
+        slots (integers) instead of hashing the ids again (for string ids, a scratch
+        index cost about a fifth of a planner's step at 1,024 prompts). A batch with
+        unseen or repeated ids takes :meth:`_repeated_ids` (the same answer, and its
+        examples). Returns ``(estimates, repeats, examples, posterior)``."""
         parsed = parse_prompt_ids(prompt_ids)
         with self._lock:
             a0, b0 = self.prior_params()
             slots, missing = self._index.lookup(parsed)
             means = self._evidence.means(slots, a0, b0, _LOWEST, _HIGHEST)
+            post = None
+            if posterior:
+                s, f = self._evidence.read(slots)
+                post = (a0 + s, b0 + f)
         if missing == 0 and parsed.count >= 2:
             ordered = np.sort(slots)
             if not (ordered[1:] == ordered[:-1]).any():
-                return means, 0, []
+                return means, 0, [], post
         repeats, examples = self._repeated_ids(parsed)
-        return means, repeats, examples
+        return means, repeats, examples, post
 
     def __len__(self) -> int:
         """Number of prompts with a slot (seen at least once, or ``num_prompts``)."""
