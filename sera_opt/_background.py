@@ -20,15 +20,18 @@ start, end and failure is one notice (:mod:`sera_opt._notices`). A process forke
 the child compiles (it cannot wait on another's child) keeps the smaller kernel until
 the kernel's cache index appears.
 
-The child runs ``python -m sera_opt._background MODULE:FUNCTION``: it imports the
-module and calls the function, which calls the kernel with the argument types of the
-library's own calls (so the cached signature is the one the parent loads), and prints
-the seconds it took.
+The child runs :func:`_main` with ``MODULE:FUNCTION`` from the caller's ``sys.path`` (so
+that it imports the same copy of the package, whose kernels cache under the same key): it
+imports the module and calls the function, which calls the kernel with the argument types
+of the library's own calls (so the cached signature is the one the caller loads), and
+prints the seconds it took. ``python -m sera_opt._background MODULE:FUNCTION`` does the
+same by hand.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import os
 import subprocess
@@ -50,6 +53,11 @@ ENV_VAR = "SERA_OPT_BACKGROUND_COMPILE"
 TIMEOUT_S = 600.0
 
 _KERNELS: list[BackgroundKernel] = []
+# The child: the caller's sys.path (from _PATH_VAR), then _main with the warm-up's name.
+_PATH_VAR = "SERA_OPT_BACKGROUND_SYS_PATH"
+_CHILD = ("import json, os, sys; "
+          f"sys.path[:] = json.loads(os.environ.pop({_PATH_VAR!r})); "
+          "from sera_opt._background import _main; sys.exit(_main(sys.argv[1:]))")
 
 
 def enabled() -> bool:
@@ -137,15 +145,14 @@ class BackgroundKernel:
         env[_kernel_cache.ENV_VAR] = str(directory.parent)
         env[ENV_VAR] = "0"
         env.pop("NUMBA_CACHE_DIR", None)
-        # The child imports this very package (a source tree on sys.path, say, rather than
-        # an installed release): another copy would compile under another cache key.
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env["PYTHONPATH"] = os.pathsep.join(
-            [root] + [part for part in env.get("PYTHONPATH", "").split(os.pathsep) if part])
+        # The child imports what this process imports (a source tree put on sys.path, say,
+        # rather than an installed release, which would compile under another cache key):
+        # it starts from this process's sys.path, as multiprocessing's spawned children do.
+        env[_PATH_VAR] = json.dumps(sys.path)
         self._output = tempfile.TemporaryFile(mode="w+")
         try:
             self._child = subprocess.Popen(
-                [sys.executable, "-m", "sera_opt._background", self.warm],
+                [sys.executable, "-c", _CHILD, self.warm],
                 stdin=subprocess.DEVNULL, stdout=self._output, stderr=subprocess.STDOUT,
                 env=env, close_fds=True)
         except (OSError, ValueError) as exc:
