@@ -151,9 +151,10 @@ class SeparableObjective:
             # about half the time it takes in memory numba allocates (numba allocates them
             # below this size).
             m = lo.shape[0] if lo.shape[0] >= _NUMPY_STATE_FROM else 0
-            # Writable bounds (the problem's are read-only copies): numba compiles every
-            # kernel once more for read-only arrays, and the subsample searches pass it
-            # writable ones. The kernels do not write to them.
+            # Writable bounds (the policies pass the problem's own, kernel_bounds(); other
+            # callers may pass read-only ones): numba compiles every kernel once more for
+            # read-only arrays, and the subsample searches pass it writable ones. The
+            # kernels do not write to them.
             if not lo.flags.writeable:
                 lo = lo.copy()
             if not hi.flags.writeable:
@@ -161,8 +162,8 @@ class SeparableObjective:
             if self._kind in CLOSED_FORM_KINDS:
                 # The entry kernel is chosen here, by the size of the problem, so that no
                 # training batch compiles the largest problems' (see kinds.closed_entry);
-                # and a spare that needs the bracket search is handed out one rollout at a
-                # time (the same counts) while a background process compiles it.
+                # and a spare that needs a search (kinds.search_entry) is handed out one
+                # rollout at a time (the same counts) while a background process compiles it.
                 name = closed_entry(lo.shape[0])
                 if (name == "closed_solve" and STEPWISE_MAX_SPARE < spare <= INTERIM_MAX_SPARE
                         and not SEARCHES[search_entry(self._kind)].ready()):
