@@ -566,16 +566,22 @@ def closed_solve(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out):
 
 
 @njit(cache=True, error_model="numpy", inline="always")
-def _small_opening(kind, p0, p1, p2, c, lo, hi, spare, total, stats, ends, slot, known, fbuf,
-                   ibuf):
-    """The opening bracket below ``SUBSAMPLE_FROM`` rows: from the rows' extreme gains
-    below ``CLOSED_SUBSAMPLE_FROM`` rows, else from a strided subsample solved for its
-    share of the budget by the closed-form search stopped early."""
+def _small_opening(kind, p0, p1, p2, c, lo, hi, spare, total, stats, work_i):
+    """The searches' state (the ends' per-row counts, see :func:`_closed_ends`, and the
+    bit-cast buffers) and their opening bracket below ``SUBSAMPLE_FROM`` rows: from the
+    rows' extreme gains below ``CLOSED_SUBSAMPLE_FROM`` rows, else from a strided
+    subsample solved for its share of the budget by the closed-form search stopped
+    early. Returns ``((key_a, key_b, c_a, c_b), (ends, slot, known), (fbuf, ibuf))``."""
+    fbuf = np.empty(1, dtype=np.float64)
+    ibuf = fbuf.view(np.int64)
+    ends, slot, known = _closed_ends(lo, hi, _YES, work_i)
     if lo.shape[0] < CLOSED_SUBSAMPLE_FROM:
-        return _closed_extremes(kind, p0, p1, p2, c, lo, hi, spare, total, fbuf, ibuf, stats,
-                                ends, slot, known)
-    return _opened_by_level(kind, p0, p1, p2, c, lo, hi, spare, total, stats, ends, slot,
-                            known, fbuf, ibuf)
+        bracket = _closed_extremes(kind, p0, p1, p2, c, lo, hi, spare, total, fbuf, ibuf,
+                                   stats, ends, slot, known)
+    else:
+        bracket = _opened_by_level(kind, p0, p1, p2, c, lo, hi, spare, total, stats, ends,
+                                   slot, known, fbuf, ibuf)
+    return bracket, (ends, slot, known), (fbuf, ibuf)
 
 
 @njit(cache=True, error_model="numpy")
@@ -591,11 +597,8 @@ def collect_solve(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out):
         return counts_from(lo, out)
     if spare >= total:
         return counts_from(hi, out)
-    fbuf = np.empty(1, dtype=np.float64)
-    ibuf = fbuf.view(np.int64)
-    ends, slot, known = _closed_ends(lo, hi, _YES, work_i)
-    key_a, key_b, c_a, c_b = _small_opening(kind, p0, p1, p2, c, lo, hi, spare, total, stats,
-                                            ends, slot, known, fbuf, ibuf)
+    (key_a, key_b, c_a, c_b), (ends, slot, known), (fbuf, ibuf) = _small_opening(
+        kind, p0, p1, p2, c, lo, hi, spare, total, stats, work_i)
     return _closed_finish(kind, p0, p1, p2, c, lo, hi, spare, stats, out, key_a, key_b, c_a,
                           c_b, ends, slot, known, fbuf, ibuf)
 
@@ -627,11 +630,8 @@ def bracket_solve(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out):
         return counts_from(lo, out)
     if spare >= total:
         return counts_from(hi, out)
-    fbuf = np.empty(1, dtype=np.float64)
-    ibuf = fbuf.view(np.int64)
-    ends, slot, known = _closed_ends(lo, hi, _YES, work_i)
-    key_a, key_b, c_a, c_b = _small_opening(kind, p0, p1, p2, c, lo, hi, spare, total, stats,
-                                            ends, slot, known, fbuf, ibuf)
+    (key_a, key_b, c_a, c_b), (ends, slot, known), (fbuf, ibuf) = _small_opening(
+        kind, p0, p1, p2, c, lo, hi, spare, total, stats, work_i)
     # From the extremes, narrowed further than the collecting finish needs: a step handed
     # out from the heap costs a gain and a sift, several times a row's share of a count
     # pass. A subsample's opening leaves a bracket of a few hundred steps at 1,024 rows, and
