@@ -363,11 +363,7 @@ class SuccessTracker(LockedState):
     # ------------------------------------------------------------------ reads
     def posterior(self, prompt_ids) -> tuple[np.ndarray, np.ndarray]:
         """Beta posterior ``(alpha, beta)`` of each prompt's success probability (float64)."""
-        parsed = parse_prompt_ids(prompt_ids)
-        with self._lock:  # the prior and the evidence of one state
-            a0, b0 = self.prior_params()
-            s, f = self._evidence.read(self._index.lookup(parsed)[0])
-        return a0 + s, b0 + f
+        return self._read(parse_prompt_ids(prompt_ids), means=False, posterior=True)[3]
 
     def estimate(self, prompt_ids) -> np.ndarray:
         """Posterior-mean success probabilities, strictly inside (0, 1) (float64).
@@ -376,11 +372,22 @@ class SuccessTracker(LockedState):
         where rounding alone would reach 0 or 1 (overwhelming evidence against
         a tiny prior), it is held one floating-point step inside.
         """
-        parsed = parse_prompt_ids(prompt_ids)
+        return self._read(parse_prompt_ids(prompt_ids), means=True, posterior=False)[2]
+
+    def _read(self, parsed, *, means: bool, posterior: bool):
+        """One lookup of ``parsed`` ids and what is read at their slots, all of one state
+        (the prior and the evidence under the lock): ``(slots, missing, estimates,
+        posterior)``, the last two None unless asked for."""
         with self._lock:
             a0, b0 = self.prior_params()
-            slots = self._index.lookup(parsed)[0]
-            return self._evidence.means(slots, a0, b0, _LOWEST, _HIGHEST)
+            slots, missing = self._index.lookup(parsed)
+            estimates = (self._evidence.means(slots, a0, b0, _LOWEST, _HIGHEST) if means
+                         else None)
+            post = None
+            if posterior:
+                s, f = self._evidence.read(slots)
+                post = (a0 + s, b0 + f)
+        return slots, missing, estimates, post
 
     def _estimate_and_repeats(self, prompt_ids, *, posterior: bool = False):
         """:meth:`estimate` and :meth:`_repeated_ids` of ``prompt_ids``, and with
@@ -391,14 +398,7 @@ class SuccessTracker(LockedState):
         unseen or repeated ids takes :meth:`_repeated_ids` (the same answer, and its
         examples). Returns ``(estimates, repeats, examples, posterior)``."""
         parsed = parse_prompt_ids(prompt_ids)
-        with self._lock:
-            a0, b0 = self.prior_params()
-            slots, missing = self._index.lookup(parsed)
-            means = self._evidence.means(slots, a0, b0, _LOWEST, _HIGHEST)
-            post = None
-            if posterior:
-                s, f = self._evidence.read(slots)
-                post = (a0 + s, b0 + f)
+        slots, missing, means, post = self._read(parsed, means=True, posterior=posterior)
         if missing == 0 and parsed.count >= 2:
             ordered = np.sort(slots)
             if not (ordered[1:] == ordered[:-1]).any():
