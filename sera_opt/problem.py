@@ -376,10 +376,31 @@ class AllocationProblem:
         offset = validate_offset(offset)
         budget = validate_count(budget, "budget")
         lo = _scalar_or_bounds(min_rollouts, "min_rollouts", m)
+        capped = max_rollouts is not None
+        hi = _scalar_or_bounds(max_rollouts, "max_rollouts", m) if capped else None
+        # A prompt whose maximum is 0 is switched off: it gets no rollouts, whatever the
+        # minimum it would have had (docs/theory.md, the active set).
+        off = None
+        if capped and not isinstance(hi, int) and not (hi > 0).all():
+            off = hi == 0
+        elif capped and isinstance(hi, int) and hi == 0 and m:
+            raise SeraOptError(
+                f"max_rollouts=0 switches every prompt off: no rollout can be spent on the "
+                f"budget {budget}. Give the prompts to keep a positive max_rollouts (an "
+                f"array with 0 only for the prompts to switch off)."
+            )
+        if off is not None:
+            lo = np.where(off, 0, np.broadcast_to(np.asarray(lo, dtype=np.int64), (m,)))
+            lo.setflags(write=False)
         need = 1 + offset
-        lowest = lo if isinstance(lo, int) else int(lo.min())
+        kept_lo = lo if isinstance(lo, int) else (lo if off is None else lo[~off])
+        lowest = (kept_lo if isinstance(kept_lo, int)
+                  else (int(kept_lo.min()) if kept_lo.size else need))
         if lowest < need:
-            i = 0 if isinstance(lo, int) else int(np.flatnonzero(lo < need)[0])
+            if isinstance(lo, int):
+                i = 0
+            else:
+                i = int(np.flatnonzero((lo < need) if off is None else (lo < need) & ~off)[0])
             why = (
                 "with offset=1 (mean-centred estimator) a prompt with one rollout has "
                 "factor 0 and its advantage is always 0"
@@ -388,10 +409,11 @@ class AllocationProblem:
             )
             raise SeraOptError(
                 f"min_rollouts must be at least {need}: {why}. Got {lowest} at index {i}; "
-                f"set min_rollouts={need} or more (or drop the prompt from the batch)."
+                f"set min_rollouts={need} or more, switch the prompt off with "
+                f"max_rollouts=0 for it, or let a policy choose the active prompts "
+                f"(get_policy('sera', min_rollouts=0) or active_threshold=)."
             )
         lo_total = lo * m if isinstance(lo, int) else exact_sum(lo)
-        capped = max_rollouts is not None
         if not capped:
             if budget < lo_total:
                 raise InfeasibleBudgetError(
@@ -401,7 +423,6 @@ class AllocationProblem:
                 )
             hi = lo + (budget - lo_total)
         else:
-            hi = _scalar_or_bounds(max_rollouts, "max_rollouts", m)
             below = np.asarray(np.asarray(hi) < np.asarray(lo))
             if below.any():
                 i = 0 if below.ndim == 0 else int(np.flatnonzero(below)[0])
@@ -543,6 +564,27 @@ class AllocationProblem:
     def dtype(self) -> np.dtype:
         """Float dtype of the inputs; factors are returned in it."""
         return self.success_probs.dtype
+
+    @cached_property
+    def switched_off(self) -> np.ndarray | None:
+        """Which prompts are switched off (``max_rollouts`` 0: they get no rollouts), as a
+        read-only bool array; None when every prompt is active."""
+        if isinstance(self._hi, int):
+            return None
+        off = self._hi == 0
+        return _read_only(off) if off.any() else None
+
+    def active_subproblem(self) -> tuple[AllocationProblem, np.ndarray]:
+        """The problem of the active prompts alone (the same budget, offset and bounds),
+        and their positions in this batch, in batch order. Solvers see only such
+        problems: a switched-off prompt is not theirs to allocate."""
+        off = self.switched_off
+        index = np.flatnonzero(~off) if off is not None else np.arange(self.num_prompts)
+        lo, hi = self.kernel_bounds()
+        inner = AllocationProblem(self.success_probs[index], self.budget,
+                                  min_rollouts=lo[index], max_rollouts=hi[index],
+                                  offset=self.offset)
+        return inner, index
 
     @property
     def spare_budget(self) -> int:

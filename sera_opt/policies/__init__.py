@@ -12,7 +12,7 @@ from .base import (
     register_policy,
 )
 from .bayes import PosteriorPolicy, SERABayesPolicy
-from .core import EvenCounts, SERAPolicy, UniformPolicy, uniform_counts
+from .core import EvenCounts, PaperSERAPolicy, SERAPolicy, UniformPolicy, uniform_counts
 from .fair import SERAFairPolicy
 from .peers import GVMPolicy, HORAPolicy, KnapsackPolicy, VIPPolicy
 
@@ -24,6 +24,7 @@ __all__ = [
     "GVMPolicy",
     "HORAPolicy",
     "KnapsackPolicy",
+    "PaperSERAPolicy",
     "PosteriorPolicy",
     "SERABayesPolicy",
     "SERAFairPolicy",

@@ -169,10 +169,37 @@ class AllocationPolicy(ABC):
     default_min_rollouts: ClassVar[int] = 1
     default_max_rollouts: ClassVar[int | None] = None
     default_max_ratio: ClassVar[float | None] = None
+    #: Whether the policy can choose its active set (``active_threshold``, or the
+    #: spelling ``min_rollouts=0``): prompts without a useful chance of a mixed group get
+    #: no rollouts (docs/theory.md, "SERA as its authors run it").
+    active_set_capable: ClassVar[bool] = False
+    default_active_threshold: ClassVar[float | None] = None
 
     def __init__(self, *, min_rollouts=None, max_rollouts=None, offset: int = 0,
-                 max_ratio=_UNSET):
+                 max_ratio=_UNSET, active_threshold=_UNSET):
+        from .active import DEFAULT_ACTIVE_THRESHOLD, check_active_threshold
+
         self.offset = validate_offset(offset)
+        if np.ndim(min_rollouts) == 0 and min_rollouts is not None and not isinstance(
+                min_rollouts, (bool, np.bool_)) and min_rollouts == 0:
+            if not self.active_set_capable:
+                raise SeraOptError(
+                    f"policy {self.name!r} cannot switch prompts off (min_rollouts=0): only "
+                    f"the SERA policies choose an active set. Switch prompts off yourself "
+                    f"with max_rollouts=0 for them in allocate(), or use "
+                    f"get_policy('sera', min_rollouts=0).")
+            # The spelling of the active set: positive counts keep their usual minimum.
+            min_rollouts = None
+            if active_threshold is _UNSET or active_threshold is None:
+                active_threshold = DEFAULT_ACTIVE_THRESHOLD
+        if active_threshold is not _UNSET and not self.active_set_capable:
+            raise SeraOptError(
+                f"{type(self).__name__} has no active_threshold option (only the SERA "
+                f"policies choose an active set); pass max_rollouts=0 for the prompts to "
+                f"switch off instead.")
+        self.active_threshold = (check_active_threshold(
+            self.default_active_threshold if active_threshold is _UNSET else active_threshold)
+            if self.active_set_capable else None)
         if max_ratio is not _UNSET and self.default_max_ratio is None:
             raise SeraOptError(
                 f"{type(self).__name__} has no max_ratio option (only the SERA policies cap "
@@ -193,7 +220,8 @@ class AllocationPolicy(ABC):
     def all_option_names(cls) -> tuple[str, ...]:
         """Every constructor option of this policy, in a stable order."""
         ratio = ("max_ratio",) if cls.default_max_ratio is not None else ()
-        return (*cls.option_names, *_BOUND_OPTIONS, *ratio)
+        active = ("active_threshold",) if cls.active_set_capable else ()
+        return (*cls.option_names, *_BOUND_OPTIONS, *ratio, *active)
 
     @classmethod
     def accepted_option_names(cls, options: Mapping[str, Any]) -> tuple[str, ...]:
@@ -287,6 +315,26 @@ class AllocationPolicy(ABC):
         self._check_inputs(inputs)
         problem = self.problem(success_probs, budget, min_rollouts=min_rollouts,
                                max_rollouts=max_rollouts)
+        return self._allocate_batch(problem, inputs)
+
+    def _allocate_batch(self, problem: AllocationProblem, inputs: Mapping[str, Any]
+                        ) -> Allocation:
+        """:meth:`_allocate` on the whole batch, or on its active prompts: those the
+        caller did not switch off, chosen by the active-set rule where the policy has a
+        threshold."""
+        from ..result import allocate_active
+        from .active import allocate_with_active_set, subset_inputs
+
+        m = problem.num_prompts
+        if self.active_threshold is not None:
+            return allocate_with_active_set(
+                problem, self.active_threshold,
+                lambda sub, index: self._allocate(sub, **subset_inputs(inputs, index, m)),
+                name=self.name)
+        if problem.switched_off is not None:
+            index = np.flatnonzero(~problem.switched_off)
+            return allocate_active(
+                problem, lambda sub: self._allocate(sub, **subset_inputs(inputs, index, m)))
         return self._allocate(problem, **inputs)
 
     def validate(self, success_probs, budget, *, min_rollouts=None, max_rollouts=None,

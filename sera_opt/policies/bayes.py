@@ -83,7 +83,7 @@ class PosteriorPolicy(SeparablePolicy):
         success_probs, (alpha, beta) = self._checked_posterior(success_probs, posterior)
         problem = self.problem(success_probs, budget, min_rollouts=min_rollouts,
                                max_rollouts=max_rollouts)
-        return self._allocate(problem, posterior=(alpha, beta))
+        return self._allocate_batch(problem, {"posterior": (alpha, beta)})
 
     def validate(self, success_probs, budget, *, min_rollouts=None, max_rollouts=None,
                  posterior=None, **inputs: Any) -> AllocationProblem:

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from ..exceptions import SeraOptError
 from ..problem import AllocationProblem
 from ..result import Allocation
 from ..separable import SeparableObjective
@@ -15,7 +16,34 @@ from ..solvers.base import SOLVERS, get_solver, is_registered
 from ..solvers.waterline import WaterlineSolver, allocate_batch
 from .base import DEFAULT_MAX_RATIO, AllocationPolicy, register_policy, unknown_option_error
 
-__all__ = ["SERAPolicy", "UniformPolicy", "EvenCounts", "uniform_counts"]
+__all__ = ["SERAPolicy", "PaperSERAPolicy", "UniformPolicy", "EvenCounts", "uniform_counts"]
+
+_DEFAULT: Any = object()
+
+
+def _check_rounding(rounding) -> str:
+    from .active import ROUNDINGS
+
+    if rounding not in ROUNDINGS:
+        raise SeraOptError(
+            f"rounding must be one of {', '.join(repr(r) for r in ROUNDINGS)} ('exact': the "
+            f"lexicographic max-min; 'paper': the authors' rounding of the waterline); got "
+            f"{rounding!r}.")
+    return rounding
+
+
+def _paper_allocation(problem: AllocationProblem, name: str) -> Allocation:
+    """The authors' rounding of ``problem``'s waterline, as an Allocation with SERA's
+    levels as its objective."""
+    from ..separable.levels import PointLevels
+    from .active import paper_rounding
+
+    start = time.perf_counter()
+    counts, continuous, level = paper_rounding(problem)
+    return Allocation(problem, counts, solver=f"{name} (paper rounding)",
+                      status="paper rounding", wall_time=time.perf_counter() - start,
+                      objective=PointLevels.from_problem(problem), continuous=continuous,
+                      waterline=level)
 
 
 @register_policy
@@ -44,6 +72,18 @@ class SERAPolicy(AllocationPolicy):
         posterior mean towards 0 too, and in the hard maze configuration SERA
         then loses to uniform allocation (docs/benchmarks.md, maze). ``None``
         removes the cap.
+    active_threshold : float or None, default None
+        Switch off the prompts that cannot give a useful mixed group (0 rollouts):
+        the authors' active-set rule with threshold ``tau`` on the chance of a mixed
+        group (:func:`sera_opt.policies.active.allocate_with_active_set`; the authors use
+        0.05). ``min_rollouts=0`` is the same as ``active_threshold=0.05``: an active
+        prompt still gets at least the usual minimum, ``max(1, 1 + offset)``. None:
+        every prompt gets at least ``min_rollouts``.
+    rounding : {"exact", "paper"}, default "exact"
+        ``"exact"``: the solver's integer counts (the lexicographic max-min with the
+        exact solvers). ``"paper"``: the authors' rounding of the bisected waterline
+        (:func:`sera_opt.policies.active.paper_rounding`), for reproducing their runs;
+        the solver is then not used.
     **solver_options
         Passed to the solver (e.g. ``continuous=False`` for "waterline"); options
         the solver does not understand are warned about here, when the policy is
@@ -53,25 +93,35 @@ class SERAPolicy(AllocationPolicy):
     name = "sera"
     preference = 0
     default_max_ratio = DEFAULT_MAX_RATIO
+    active_set_capable = True
+    default_rounding = "exact"
+    default_offset = 0
     offset_sensitive = True
     # A round solves its objective over the prompts without a success, in the count of
     # the round: its counts follow the expected scales (docs/theory.md section 9).
     round_mode = "scale"
 
     def __init__(self, solver="waterline", *, min_rollouts=None, max_rollouts=None,
-                 offset: int = 0, max_ratio=DEFAULT_MAX_RATIO, **solver_options: Any):
-        super().__init__(min_rollouts=min_rollouts, max_rollouts=max_rollouts, offset=offset,
-                         max_ratio=max_ratio)
+                 offset=None, max_ratio=_DEFAULT, active_threshold=_DEFAULT,
+                 rounding=None, **solver_options: Any):
+        bounds = {"min_rollouts": min_rollouts, "max_rollouts": max_rollouts,
+                  "offset": self.default_offset if offset is None else offset,
+                  "max_ratio": self.default_max_ratio if max_ratio is _DEFAULT else max_ratio}
+        if active_threshold is not _DEFAULT:
+            bounds["active_threshold"] = active_threshold
+        super().__init__(**bounds)
         self.solver = get_solver(solver)
         self.solver_options = check_solver_options(self.solver, solver_options, stacklevel=2)
-        self.exact = self.solver.exact
+        self.rounding = _check_rounding(self.default_rounding if rounding is None else rounding)
+        self.exact = self.solver.exact and self.rounding == "exact"
 
     def allocate(self, success_probs, budget, *, min_rollouts=None, max_rollouts=None,
                  **inputs: Any) -> Allocation:
         # The common batch (a float64 array, whole-number bounds, the waterline solver)
         # takes one compiled call that validates as it solves; anything else, and any
         # invalid input, takes the general path.
-        if (not inputs and type(success_probs) is np.ndarray and type(self.solver) is
+        if (not inputs and self.active_threshold is None and self.rounding == "exact"
+                and type(success_probs) is np.ndarray and type(self.solver) is
                 WaterlineSolver and success_probs.dtype == np.float64 and
                 success_probs.ndim == 1 and success_probs.flags.c_contiguous):
             lo, hi = self._call_bounds(success_probs, budget, min_rollouts, max_rollouts)
@@ -84,6 +134,8 @@ class SERAPolicy(AllocationPolicy):
                                 max_rollouts=max_rollouts, **inputs)
 
     def _allocate(self, problem: AllocationProblem) -> Allocation:
+        if self.rounding == "paper":
+            return _paper_allocation(problem, self.name)
         return self.solver.solve(problem, **self.solver_options)
 
     def round_objective(self, problem: AllocationProblem, **inputs: Any):
@@ -107,7 +159,7 @@ class SERAPolicy(AllocationPolicy):
 
     @classmethod
     def all_option_names(cls) -> tuple[str, ...]:
-        return ("solver", *super().all_option_names())
+        return ("solver", *super().all_option_names(), "rounding")
 
     @classmethod
     def accepted_option_names(cls, options) -> tuple[str, ...]:
@@ -164,6 +216,30 @@ def uniform_counts(problem: AllocationProblem):
     if problem.uniform_bounds:  # known without reading the bounds (validated: room for all)
         return lo + even_split(problem.num_prompts, problem.spare_budget)
     return lo + even_increments(lo, problem.max_rollouts - lo, problem.spare_budget)
+
+
+@register_policy
+class PaperSERAPolicy(SERAPolicy):
+    """SERA as its authors run it (docs/theory.md, "SERA as its authors run it").
+
+    :class:`SERAPolicy` with the authors' settings as its defaults: the mean-centred
+    factor (``offset=1``), positive counts in ``[2, 4 N0]`` (``min_rollouts=2``,
+    ``max_ratio=4``, with ``N0 = budget / M``), prompts without a useful chance of a mixed
+    group switched off (``active_threshold=0.05``) and the authors' integer rounding
+    (``rounding="paper"``). Every default can be overridden, e.g.
+    ``get_policy("sera-paper", rounding="exact")`` for the lexicographic max-min on the
+    same active set. The authors' estimates (frozen per epoch, discounted) and cold start
+    come with the planner: :meth:`sera_opt.RolloutPlanner.paper_sera`.
+    """
+
+    name = "sera-paper"
+    preference = 4
+    # The authors' rounding is close to, not always, the lexicographic max-min.
+    exact = False
+    default_offset = 1
+    default_min_rollouts = 2
+    default_active_threshold = 0.05
+    default_rounding = "paper"
 
 
 @register_policy

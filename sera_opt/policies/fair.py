@@ -54,12 +54,18 @@ class SERAFairPolicy(SeparablePolicy):
         See :class:`AllocationPolicy`.
     max_ratio : float or None, default 4
         Cap used when no ``max_rollouts`` is given, as for :class:`SERAPolicy`.
+    active_threshold : float or None, default None
+        Switch off the prompts without a useful chance of a mixed group, by the
+        authors' active-set rule, as for :class:`SERAPolicy` (``min_rollouts=0`` is
+        ``active_threshold=0.05``); each probe of the rule solves this policy's
+        objective on the prompts it keeps.
     """
 
     name = "sera-fair"
     preference = 2
     option_names = ("alpha",)
     default_max_ratio = DEFAULT_MAX_RATIO
+    active_set_capable = True
     offset_sensitive = True
     # A round solves its objective over the prompts without a success, in the count of
     # the round: its counts follow the expected scales (docs/theory.md section 9).

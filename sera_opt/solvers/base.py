@@ -104,6 +104,10 @@ class Solver(ABC):
                 f"`pip install {' '.join(missing)}` or choose another solver."
             )
         known = self.check_options(options, stacklevel=2) if options else options
+        if problem.switched_off is not None:
+            from ..result import allocate_active
+
+            return allocate_active(problem, lambda inner: self.solve(inner, **known))
         out = self._solve(problem, **known)
         if not isinstance(out, Allocation):
             raise SolverError(
