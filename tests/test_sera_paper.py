@@ -1,0 +1,239 @@
+"""SERA as its authors run it (docs/theory.md, "SERA as its authors run it"): the active
+set, their rounding and the ``sera-paper`` preset, against a slow reference written
+from the description alone."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import sera_opt
+from sera_opt import SeraOptError, get_policy
+from sera_opt.result import ACTIVE, SWITCHED_OFF, TOO_EASY, TOO_HARD
+
+
+# ------------------------------------------------------------------ the slow reference
+def ref_mixed(p: float, n: int) -> float:
+    if n == 0:
+        return 0.0
+    value = 1.0 - (1.0 - p) ** n - p ** n
+    return min(max(value, 0.0), 1.0)
+
+
+def ref_waterline_rounding(p: list[float], budget: int, lo: int, hi: int, c: int):
+    """Bisect log(level) 100 times keeping the feasible end, floor, then refill by least
+    growth of the squared distance to the level's factor (ties: lower index)."""
+    rates = [-math.log1p(-q) for q in p]
+    k = len(p)
+    if budget == k * lo:
+        return [lo] * k
+    low = math.log(min((lo - c) * a for a in rates)) if lo > c else math.log(5e-324)
+    high = math.log(max((hi - c) * a for a in rates))
+
+    def total(level):
+        # np.sum, so that the sum is the one the library compares with the budget
+        return float(np.sum(np.array([min(max(c + level / a, lo), hi) for a in rates])))
+
+    for _ in range(100):
+        mid = 0.5 * (low + high)
+        if total(math.exp(mid)) > budget:
+            high = mid
+        else:
+            low = mid
+    level = math.exp(low)
+    counts = [min(max(math.floor(min(max(c + level / a, lo), hi)), lo), hi) for a in rates]
+    left = budget - sum(counts)
+    target = -math.expm1(-level)
+    growth = []
+    for i in range(k):
+        if counts[i] < hi:
+            now = -math.expm1(math.log1p(-p[i]) * (counts[i] - c))
+            after = -math.expm1(math.log1p(-p[i]) * (counts[i] + 1 - c))
+            growth.append(((after - target) ** 2 - (now - target) ** 2, i))
+    growth.sort()
+    for _, i in growth[:left]:
+        counts[i] += 1
+    assert sum(counts) == budget
+    return counts
+
+
+def ref_active_set(p: list[float], budget: int, lo: int, hi: int, c: int, tau: float,
+                   rounding):
+    """The authors' rule: returns (counts, forced_flag)."""
+    m = len(p)
+    u = [ref_mixed(q, hi) for q in p]
+    ranked = sorted(range(m), key=lambda i: (-u[i], i))
+    eligible = sum(1 for x in u if x >= tau)
+    required = -(-budget // hi)
+
+    def allocate(k):
+        active = sorted(ranked[:k])
+        sub = rounding([p[i] for i in active], budget, lo, hi, c)
+        counts = [0] * m
+        for i, n in zip(active, sub):
+            counts[i] = n
+        useful = all(ref_mixed(p[i], counts[i]) >= tau - 1e-12 for i in active)
+        return counts, useful
+
+    chosen, found = required, False
+    if eligible >= required:
+        low, high = required, min(eligible, budget // lo)
+        while low <= high:
+            mid = (low + high) // 2
+            if allocate(mid)[1]:
+                chosen, found, low = mid, True, mid + 1
+            else:
+                high = mid - 1
+    counts, useful = allocate(chosen)
+    return counts, not useful
+
+
+def exact_rounding(p, budget, lo, hi, c):
+    return sera_opt.allocate(np.array(p), budget, min_rollouts=lo, max_rollouts=hi, offset=c,
+                             solver="greedy").counts.tolist()
+
+
+# ------------------------------------------------------------------ instances
+@st.composite
+def batches(draw, max_prompts=24):
+    m = draw(st.integers(1, max_prompts))
+    n0 = draw(st.integers(2, 8))
+    interior = st.floats(1e-6, 1 - 1e-6)
+    near_edges = st.sampled_from([1e-9, 1e-4, 0.003, 0.02, 0.5, 0.97, 0.99, 0.9999, 1 - 1e-9])
+    ties = st.sampled_from([0.2, 0.5, 0.8])
+    p = draw(st.lists(st.one_of(interior, near_edges, ties), min_size=m, max_size=m))
+    return np.array(p), m * n0, 2, 4 * n0
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=batches())
+def test_the_preset_reproduces_the_reference_bit_for_bit(case):
+    p, budget, lo, hi = case
+    alloc = get_policy("sera-paper").allocate(p, budget)
+    counts, forced = ref_active_set(p.tolist(), budget, lo, hi, 1, 0.05, ref_waterline_rounding)
+    np.testing.assert_array_equal(alloc.counts, counts)
+    assert int(alloc.counts.sum()) == budget
+    on = alloc.counts > 0
+    assert np.all(alloc.counts[on] >= lo) and np.all(alloc.counts <= hi)
+    assert (alloc.active_set.forced > 0) == forced
+    np.testing.assert_array_equal(alloc.active, on)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=batches(max_prompts=12), threshold=st.sampled_from([0.0, 0.05, 0.3, 0.9]))
+def test_the_exact_rounding_on_the_active_set_is_the_lexicographic_optimum(case, threshold):
+    p, budget, lo, hi = case
+    alloc = get_policy("sera", offset=1, min_rollouts=lo, max_rollouts=hi,
+                       active_threshold=threshold).allocate(p, budget)
+    counts, _ = ref_active_set(p.tolist(), budget, lo, hi, 1, threshold, exact_rounding)
+    np.testing.assert_array_equal(alloc.counts, counts)
+    inner = alloc.active_set.inner
+    sub = inner.problem
+    milp = sera_opt.allocate(sub.success_probs, budget, min_rollouts=lo, max_rollouts=hi,
+                             offset=1, solver="milp")
+    np.testing.assert_allclose(np.sort(inner.levels), np.sort(milp.levels), rtol=1e-9,
+                               atol=1e-12)
+
+
+def test_the_issue_example_switches_the_solved_prompt_off():
+    p = np.array([0.999, 0.5, 0.05, 0.001])
+    every = get_policy("sera", offset=1, min_rollouts=2, max_rollouts=64).allocate(p, 32)
+    assert every.counts.tolist() == [2, 2, 2, 26]
+    some = get_policy("sera", offset=1, min_rollouts=0, max_rollouts=64).allocate(p, 32)
+    assert some.counts[0] == 0 and some.counts.sum() == 32
+    assert some.active_set.reasons[0] == TOO_EASY
+    assert some.active_set.threshold == 0.05
+    same = get_policy("sera", offset=1, active_threshold=0.05, max_rollouts=64).allocate(p, 32)
+    np.testing.assert_array_equal(some.counts, same.counts)
+
+
+def test_forced_activation_spends_the_budget():
+    # Every prompt nearly solved: none is eligible, the fewest that absorb the budget run.
+    p = np.full(8, 0.9999)
+    alloc = get_policy("sera-paper").allocate(p, 8 * 4)
+    assert alloc.counts.sum() == 32
+    assert alloc.num_active == 2  # ceil(32 / 16)
+    assert alloc.active_set.forced == 2
+    assert alloc.active_set.summary()["forced"] == 2
+
+
+def test_reasons_name_easy_hard_and_the_callers_choice():
+    p = np.array([0.9999, 0.5, 1e-6, 0.4, 0.6])
+    alloc = get_policy("sera", offset=1, active_threshold=0.05).allocate(
+        p, 5 * 4, max_rollouts=np.array([16, 16, 16, 0, 16]))
+    reasons = alloc.active_set.reasons
+    assert reasons[3] == SWITCHED_OFF and alloc.counts[3] == 0
+    assert reasons[1] == ACTIVE and reasons[4] == ACTIVE
+    assert reasons[0] == TOO_EASY and reasons[2] == TOO_HARD
+    assert alloc.active_set.reason_names()[3] == "switched off by the caller"
+    assert alloc.factors[0] == 0 and alloc.factors[2] == 0
+
+
+@pytest.mark.parametrize("policy", ["sera", "sera-fair", "uniform", "knapsack", "hora"])
+def test_an_explicit_active_set_works_through_every_policy(policy):
+    p = np.array([0.3, 0.6, 0.1, 0.8])
+    hi = np.array([8, 0, 8, 8])
+    alloc = get_policy(policy, offset=1, min_rollouts=2).allocate(p, 12, max_rollouts=hi)
+    assert alloc.counts[1] == 0 and alloc.counts.sum() == 12
+    assert alloc.active_set.reasons.tolist() == [ACTIVE, SWITCHED_OFF, ACTIVE, ACTIVE]
+    direct = get_policy(policy, offset=1, min_rollouts=2).allocate(p[[0, 2, 3]], 12,
+                                                                   max_rollouts=8)
+    np.testing.assert_array_equal(alloc.counts[[0, 2, 3]], direct.counts)
+
+
+def test_allocate_takes_min_rollouts_zero():
+    p = np.array([0.999, 0.5, 0.05, 0.001])
+    alloc = sera_opt.allocate(p, 32, min_rollouts=0, max_rollouts=64, offset=1)
+    assert alloc.counts[0] == 0 and alloc.active_set is not None
+
+
+def test_policies_without_an_active_set_refuse_min_rollouts_zero():
+    with pytest.raises(SeraOptError, match="cannot switch prompts off"):
+        get_policy("uniform", min_rollouts=0)
+    with pytest.raises(SeraOptError, match="active_threshold"):
+        get_policy("knapsack", active_threshold=0.05)
+    with pytest.raises(SeraOptError, match="at most 1"):
+        get_policy("sera", active_threshold=1.5)
+    with pytest.raises(SeraOptError, match="rounding must be one of"):
+        get_policy("sera", rounding="nearest")
+
+
+def test_the_preset_reads_as_the_authors_configuration():
+    policy = get_policy("sera-paper")
+    assert policy.offset == 1
+    assert policy.min_rollouts == 2
+    assert policy.max_ratio == 4.0
+    assert policy.active_threshold == 0.05
+    assert policy.rounding == "paper"
+    assert not policy.exact
+    rebuilt = sera_opt.policy_from_config(policy.config())
+    assert rebuilt.config() == policy.config()
+    # bounds 2 and 4 N0: N0 = 16 gives a cap of 64
+    rng = np.random.default_rng(3)
+    alloc = policy.allocate(rng.uniform(0.001, 0.999, 256), 256 * 16)
+    assert alloc.counts.max() <= 64 and alloc.counts[alloc.counts > 0].min() >= 2
+
+
+def test_the_paper_rounding_differs_from_the_exact_one_only_as_documented():
+    """On the section-3 example the floor-and-refill rule and the lexicographic max-min
+    disagree; both spend the budget."""
+    p = np.array([0.669, 0.201, 0.576, 0.600, 0.953])
+    paper = get_policy("sera", rounding="paper", min_rollouts=1, max_rollouts=9).allocate(p, 12)
+    exact = get_policy("sera", min_rollouts=1, max_rollouts=9).allocate(p, 12)
+    assert paper.counts.sum() == exact.counts.sum() == 12
+    assert exact.min_factor >= paper.min_factor
+    assert exact.counts.tolist() == [2, 5, 2, 2, 1]
+
+
+def test_paper_rounding_handles_the_edges_as_the_continuous_formula_does():
+    p = np.array([0.0, 1.0, 0.3, 0.9])
+    alloc = get_policy("sera", rounding="paper", offset=1, min_rollouts=2,
+                       max_rollouts=8).allocate(p, 20)
+    assert alloc.counts[0] == 8 and alloc.counts[1] == 2 and alloc.counts.sum() == 20
+    with pytest.raises(SeraOptError, match="p = 0 their cap"):
+        get_policy("sera", rounding="paper", offset=1, min_rollouts=2,
+                   max_rollouts=8).allocate(np.array([0.0, 0.0, 0.5]), 7)
