@@ -79,13 +79,13 @@ def ref_active_set(p: list[float], budget: int, lo: int, hi: int, c: int, tau: f
         useful = all(ref_mixed(p[i], counts[i]) >= tau - 1e-12 for i in active)
         return counts, useful
 
-    chosen, found = required, False
+    chosen = required
     if eligible >= required:
         low, high = required, min(eligible, budget // lo)
         while low <= high:
             mid = (low + high) // 2
             if allocate(mid)[1]:
-                chosen, found, low = mid, True, mid + 1
+                chosen, low = mid, mid + 1
             else:
                 high = mid - 1
     counts, useful = allocate(chosen)
