@@ -237,3 +237,33 @@ def test_paper_rounding_handles_the_edges_as_the_continuous_formula_does():
     with pytest.raises(SeraOptError, match="p = 0 their cap"):
         get_policy("sera", rounding="paper", offset=1, min_rollouts=2,
                    max_rollouts=8).allocate(np.array([0.0, 0.0, 0.5]), 7)
+
+
+# ------------------------------------------------------------------ the estimator
+def test_the_estimator_weighs_active_prompts_by_n0_over_n():
+    torch = pytest.importorskip("torch")
+    p = np.array([0.999, 0.5, 0.05, 0.001, 0.3])
+    alloc = get_policy("sera", offset=1, min_rollouts=0, max_rollouts=64).allocate(p, 40)
+    assert (alloc.counts == 0).any()
+    counts = torch.tensor(alloc.counts)
+    index = torch.repeat_interleave(torch.arange(5), counts)
+    rewards = torch.bernoulli(torch.full((40,), 0.4, dtype=torch.float64), generator=torch.Generator().manual_seed(1))
+    got = sera_opt.maxrl_advantages(rewards, index, allocation=alloc)
+    n0 = 40 / 5
+    for i in np.flatnonzero(alloc.counts):
+        rows = index == int(i)
+        r = rewards[rows].double()
+        rbar = r.mean()
+        want = torch.zeros_like(r) if rbar == 0 else (r - rbar) / rbar * n0 / float(r.numel())
+        torch.testing.assert_close(got[rows].double(), want, rtol=1e-12, atol=1e-12)
+    # explicit nbar gives the same; without the plan, nbar is over the prompts with rows
+    same = sera_opt.maxrl_advantages(rewards, index, mean_count=n0)
+    torch.testing.assert_close(same, got, rtol=0, atol=0)
+    own = sera_opt.maxrl_advantages(rewards, index)
+    active = int((alloc.counts > 0).sum())
+    torch.testing.assert_close(own, got * (40 / active) / n0, rtol=1e-12, atol=1e-12)
+    diagnostics = sera_opt.advantage_diagnostics(rewards, index, allocation=alloc)
+    assert diagnostics["num_prompts"] == active
+    assert diagnostics["max_correction"] == pytest.approx(n0 / alloc.counts[alloc.counts > 0].min())
+    with pytest.raises(SeraOptError, match="mean_count"):
+        sera_opt.maxrl_advantages(rewards, index, mean_count=0)

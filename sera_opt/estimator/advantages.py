@@ -176,7 +176,7 @@ def group_statistics(rewards, prompt_index, *, success_threshold=None, num_promp
     )
 
 
-def _slot_values(groups, offset: int, multiplicity_correction: bool):
+def _slot_values(groups, offset: int, multiplicity_correction: bool, mean_count=None):
     """Per slot, the advantage of a failed and of a successful rollout, shape (S, 2).
 
     Entries that no rollout reads (the success value of a prompt without
@@ -197,7 +197,8 @@ def _slot_values(groups, offset: int, multiplicity_correction: bool):
     # Written with the failure count n - K, all-success prompts give exactly 0
     # under mean-centring without relying on a cancellation.
     if multiplicity_correction:
-        mean_count = counts.sum() / torch.count_nonzero(counts).clamp_min(1)  # nbar = N / M
+        if mean_count is None:
+            mean_count = counts.sum() / torch.count_nonzero(counts).clamp_min(1)  # nbar = N / M
         if offset == 1:
             # (nbar / n) (r - K/n) / (K/n): success nbar (n - K) / (K n), failure -nbar / n.
             values[:, 1] = failures * mean_count / (successes * counts)
@@ -222,7 +223,8 @@ def _slot_values(groups, offset: int, multiplicity_correction: bool):
 def maxrl_advantages(rewards, prompt_index, *, estimator: str = "mean_centred",
                      multiplicity_correction: bool = True, success_threshold=None,
                      num_prompts=None, process_group=None, validate: bool = True,
-                     dtype=None, allocation=None, round_index=None) -> torch.Tensor:
+                     dtype=None, allocation=None, round_index=None,
+                     mean_count=None) -> torch.Tensor:
     """One MaxRL advantage per rollout, optionally multiplicity-corrected.
 
     With ``K_i`` successes among the ``n_i`` rollouts of prompt ``i``,
@@ -265,7 +267,15 @@ def maxrl_advantages(rewards, prompt_index, *, estimator: str = "mean_centred",
         :func:`sera_opt.allocate`). Given, the pairing is checked on the host
         (no device read-back): its offset must be the estimator's ``c``
         (offset 1 also guarantees the 2 rollouts per prompt that
-        ``"mean_centred"`` needs for a signal).
+        ``"mean_centred"`` needs for a signal). Prompts the plan switched off (0
+        rollouts: :attr:`~sera_opt.Allocation.active_set`) have no rows; the
+        correction's ``nbar`` is then the plan's ``budget / num_prompts``, switched-off
+        prompts included (the authors' ``N0 / n_i`` weights: each switched-off prompt's
+        share of the budget went to the active ones).
+    mean_count : float, optional
+        The correction's ``nbar``, given explicitly (e.g. a trainer's rollouts per
+        prompt ``N0``); default ``N / M`` over the prompts with rows, or the plan's
+        ``budget / num_prompts`` when ``allocation`` is given.
     round_index : torch.Tensor of integers, shape (N,), optional
         The round (0-based) of each rollout when the step was sampled in rounds
         (:class:`sera_opt.rounds.RoundSession`; ``RoundResult.round_index``). The
@@ -298,6 +308,7 @@ def maxrl_advantages(rewards, prompt_index, *, estimator: str = "mean_centred",
     offset = _check_estimator(estimator)
     if allocation is not None:
         _check_allocation(allocation, estimator, offset)
+    mean_count = _mean_count(mean_count, allocation)
     multiplicity_correction = check_flag(multiplicity_correction, "multiplicity_correction")
     validate = check_flag(validate, "validate")
     groups = group(rewards, prompt_index, success_threshold=success_threshold,
@@ -309,11 +320,24 @@ def maxrl_advantages(rewards, prompt_index, *, estimator: str = "mean_centred",
         first = _first_round_mask(round_index, groups, validate)
         if offset == 1:
             values = _first_round_values(groups, first, multiplicity_correction, process_group,
-                                         validate)
+                                         validate, mean_count)
             index = groups.codes.long() * 2 + first.long()
             return values.view(-1).index_select(0, index)
-    values = _slot_values(groups, offset, multiplicity_correction)
+    values = _slot_values(groups, offset, multiplicity_correction, mean_count)
     return values.view(-1).index_select(0, groups.codes)
+
+
+def _mean_count(mean_count, allocation) -> float | None:
+    """The correction's ``nbar`` when the caller fixes it (explicitly, or through the plan
+    whose budget and prompts it is); None: the batch's own ``N / M``."""
+    if mean_count is not None:
+        from ..problem import validate_real
+
+        return validate_real(mean_count, "mean_count", minimum=0.0, strict=True,
+                             meaning="the multiplicity correction's nbar (rollouts per prompt)")
+    if allocation is not None and allocation.num_prompts:
+        return allocation.budget / allocation.num_prompts
+    return None
 
 
 def _first_round_mask(round_index, groups, validate: bool) -> torch.Tensor:
@@ -344,7 +368,8 @@ def _first_round_mask(round_index, groups, validate: bool) -> torch.Tensor:
 
 
 def _first_round_values(groups, first: torch.Tensor, multiplicity_correction: bool,
-                        process_group, validate: bool = True) -> torch.Tensor:
+                        process_group, validate: bool = True, mean_count=None
+                        ) -> torch.Tensor:
     """Per slot, the advantages of (failure, later), (failure, first), (success, later),
     (success, first) under the first-round baseline, shape (S, 2, 2)."""
     compute = torch.float32 if groups.device.type == "mps" else torch.float64
@@ -374,7 +399,8 @@ def _first_round_values(groups, first: torch.Tensor, multiplicity_correction: bo
             )
     gate = (first_pair[:, 1] > 0).to(compute)
     if multiplicity_correction:
-        scale = counts.sum() / torch.count_nonzero(counts).clamp_min(1)
+        scale = (counts.sum() / torch.count_nonzero(counts).clamp_min(1) if mean_count is None
+                 else torch.tensor(mean_count, dtype=compute, device=groups.device))
     else:
         scale = counts
     baseline = gate * scale / n0  # read only where n0 >= 1 (a first-round rollout)
@@ -557,7 +583,8 @@ def policy_gradient_loss(token_logprobs, advantages, mask=None, mode: str = "tok
 def advantage_diagnostics(rewards, prompt_index, *, estimator: str = "mean_centred",
                           multiplicity_correction: bool = True, success_probs=None,
                           success_threshold=None, num_prompts=None, process_group=None,
-                          validate: bool = True) -> dict[str, float]:
+                          validate: bool = True, allocation=None,
+                          mean_count=None) -> dict[str, float]:
     """What a trainer logs each step about the batch's effective prompt weights.
 
     A prompt's expected contribution to the batch gradient is
@@ -577,6 +604,9 @@ def advantage_diagnostics(rewards, prompt_index, *, estimator: str = "mean_centr
         the allocation used), in [0, 1]; the mean over a prompt's rollouts is used.
         Default: the posterior mean ``(K_i + 1) / (n_i + 2)`` under a uniform prior,
         computed from the batch itself.
+    allocation, mean_count
+        As in :func:`maxrl_advantages`: the correction's ``nbar`` (prompts the plan
+        switched off have no rows and are not counted in ``M``).
 
     Returns
     -------
@@ -608,7 +638,9 @@ def advantage_diagnostics(rewards, prompt_index, *, estimator: str = "mean_centr
     num_prompts_t = torch.count_nonzero(counts).double()
     m = num_prompts_t.clamp_min(1)
     num_rollouts = n.sum()
-    mean_count = num_rollouts / m
+    fixed = _mean_count(mean_count, allocation)
+    mean_count = num_rollouts / m if fixed is None else torch.tensor(
+        fixed, dtype=torch.float64, device=n.device)
     n_safe = n.clamp_min(1)
 
     if success_probs is None:
