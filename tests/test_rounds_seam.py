@@ -47,7 +47,7 @@ def test_taking_part_in_rounds_is_declared_by_every_policy():
     for name in sera_opt.available_policies():
         mode = sera_opt.get_policy(name).round_mode
         assert mode in ROUND_MODES, name
-        want = "scale" if name in ("sera", "sera-fair", "sera-bayes") else "totals"
+        want = "scale" if name in ("sera", "sera-paper", "sera-fair", "sera-bayes") else "totals"
         assert mode == want, name
     # Declared, not inferred from offset_sensitive: a policy whose counts depend on the
     # offset but that declares "totals" allocates its rounds on the prompts' totals.

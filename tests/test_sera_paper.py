@@ -267,3 +267,35 @@ def test_the_estimator_weighs_active_prompts_by_n0_over_n():
     assert diagnostics["max_correction"] == pytest.approx(n0 / alloc.counts[alloc.counts > 0].min())
     with pytest.raises(SeraOptError, match="mean_count"):
         sera_opt.maxrl_advantages(rewards, index, mean_count=0)
+
+
+# ------------------------------------------------------------------ rounds
+@pytest.mark.parametrize("rounds", [1, 3])
+def test_a_round_session_never_hands_a_switched_off_prompt_a_round(rounds):
+    p = np.array([0.999, 0.5, 0.05, 0.001, 0.3])
+    policy = get_policy("sera", offset=1, min_rollouts=0, max_rollouts=64)
+    static = policy.allocate(p, 40)
+    off = static.counts == 0
+    assert off.any()
+    session = policy.start_rounds(p, 40, rounds=rounds,
+                                  **({"first_round": 2} if rounds > 1 else {}))
+    rng = np.random.default_rng(0)
+    for counts in session:
+        assert np.all(counts[off] == 0)
+        session.record(rng.random(int(counts.sum())) < 0.4)
+    result = session.result()
+    assert np.all(result.counts[off] == 0) and int(result.counts.sum()) == 40
+    if rounds == 1:
+        np.testing.assert_array_equal(result.counts, static.counts)
+
+
+def test_rounds_keep_the_callers_switched_off_prompts_at_zero():
+    p = np.array([0.3, 0.5, 0.05, 0.001, 0.3])
+    policy = get_policy("sera", offset=1, min_rollouts=2, max_rollouts=64)
+    session = policy.start_rounds(p, 40, rounds=3, first_round=2,
+                                  max_rollouts=np.array([64, 0, 64, 64, 64]))
+    rng = np.random.default_rng(1)
+    for counts in session:
+        assert counts[1] == 0
+        session.record(rng.random(int(counts.sum())) < 0.4)
+    assert session.result().counts[1] == 0

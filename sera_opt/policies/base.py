@@ -437,7 +437,15 @@ class AllocationPolicy(ABC):
         # One round is the static allocation itself (validated the same way just now).
         static = (self.allocate(success_probs, budget, min_rollouts=min_rollouts,
                                 max_rollouts=max_rollouts, **inputs).counts
-                  if rounds == 1 else None)
+                  if rounds == 1 or self.active_threshold is not None else None)
+        lo, hi = np.array(problem.min_rollouts), np.array(problem.max_rollouts)
+        if self.active_threshold is not None:
+            # The active set is chosen once, before the first round: the rounds share the
+            # budget among the prompts it keeps, and the others get no round at all.
+            off = static == 0
+            lo[off], hi[off] = 0, 0
+            if rounds > 1:
+                static = None
         m = problem.num_prompts
         if prior is None:
             prior = inputs.get("posterior")
@@ -457,8 +465,7 @@ class AllocationPolicy(ABC):
             first_round = validate_count(first_round, "first_round", minimum=1)
         others = {k: v for k, v in inputs.items() if k != "posterior"}
         return RoundSession(self, problem.budget, rounds=rounds, first_round=first_round,
-                            later_budgets=later_budgets, lo=np.array(problem.min_rollouts),
-                            hi=np.array(problem.max_rollouts),
+                            later_budgets=later_budgets, lo=lo, hi=hi,
                             truth=None if prior is not None else problem.success_probs,
                             prior=prior, inputs=others, static_counts=static,
                             prompt_ids=prompt_ids, observer=observer, rounds_named=named)

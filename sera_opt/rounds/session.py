@@ -262,7 +262,8 @@ class RoundSession:
             self._first = np.array(static_counts, dtype=np.int64)
             self._budgets = [budget]
         else:
-            first_counts = np.maximum(lo, first_round)
+            # A switched-off prompt (max_rollouts 0) gets no round at all.
+            first_counts = np.where(hi > 0, np.maximum(lo, first_round), 0)
             over = first_counts > hi
             if over.any():
                 i = int(np.flatnonzero(over)[0])
