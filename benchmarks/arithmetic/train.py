@@ -308,9 +308,12 @@ def _diagnostics_row(diag: dict) -> dict[str, float]:
 
 
 def train_maxrl(model, tokenizer, cfg: ExperimentConfig, train, test, policy: str, seed: int,
-                device: str, *, show_progress: bool = True) -> dict[str, Any]:
+                device: str, *, show_progress: bool = True, on_rollouts=None) -> dict[str, Any]:
     """One MaxRL run from the warm start under ``policy`` (a name or a specification such as
-    ``"sera-fair:alpha=1"``); returns its training curves."""
+    ``"sera-fair:alpha=1"``); returns its training curves. ``on_rollouts(step, prompt_ids,
+    rewards, completions)``, if given, receives each static step's rollouts (one training
+    prompt id per rollout), so that a run can be recorded (``sera-opt bench replay
+    --sample``)."""
     import sera_opt
     from sera_opt.benchmarks.arithmetic.model import answer_mask, completion_logprobs
     from sera_opt.integrations import torch_loop
@@ -419,6 +422,8 @@ def train_maxrl(model, tokenizer, cfg: ExperimentConfig, train, test, policy: st
             counts, prompt_index = plan.counts, plan.prompt_index
             rollout_ids = plan.row_prompt_ids
             prompts, completions, rewards = generated(rollout_ids)
+            if on_rollouts is not None:
+                on_rollouts(step, rollout_ids, rewards, completions)
             torch_loop.observe(planner, plan, rewards)
             min_factor = float(plan.allocation.min_factor)
 
