@@ -60,6 +60,9 @@ _LAZY = {
     "ESTIMATORS": ".estimator",
     "ESTIMATOR_OFFSETS": ".estimator",
     "LOSS_MODES": ".estimator",
+    "grpo_advantages": ".estimator",
+    "GRPO_SCALES": ".estimator",
+    "GRPO_EPSILON": ".estimator",
     # --- end estimator ---
 }
 

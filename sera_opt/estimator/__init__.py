@@ -20,5 +20,6 @@ from .advantages import (
     maxrl_advantages,
     policy_gradient_loss,
 )
+from .grpo import GRPO_EPSILON, GRPO_SCALES, grpo_advantages
 
-__all__ = list(_advantages.__all__)
+__all__ = [*_advantages.__all__, "GRPO_SCALES", "GRPO_EPSILON", "grpo_advantages"]
