@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 import sera_opt
+from sera_opt import checked_state
 from sera_opt.exceptions import SeraOptError, SeraOptWarning
 
 __all__ = [
@@ -278,6 +279,11 @@ def planner_state_path(folder: str | os.PathLike) -> str:
 def save_planner(planner: Any, folder: str | os.PathLike) -> str:
     """Write ``planner.state_dict()`` as :data:`PLANNER_STATE_FILE` in ``folder``.
 
+    The file is whole or absent: it is written beside the destination and renamed over
+    it, so an exception or a killed process mid-save leaves the previous file intact. It
+    carries the SHA-256 of the state (:func:`sera_opt.checked_state.seal`), which
+    :func:`load_planner` checks.
+
     Returns
     -------
     str
@@ -285,7 +291,9 @@ def save_planner(planner: Any, folder: str | os.PathLike) -> str:
     """
     os.makedirs(folder, exist_ok=True)
     path = planner_state_path(folder)
-    torch.save(planner.state_dict(), path)
+    payload = checked_state.seal(planner.state_dict())
+    # A temporary file renamed over the old one: an interrupted save keeps the previous state.
+    checked_state.write_atomic(path, lambda f: torch.save(payload, f))
     return path
 
 
@@ -304,7 +312,15 @@ def load_planner(planner: Any, folder: str | os.PathLike) -> str | None:
     Reads :data:`PLANNER_STATE_FILE`, or else one of
     :data:`LEGACY_PLANNER_STATE_FILES`. The file is loaded with
     ``torch.load(weights_only=True)`` and numpy's array types allowed, so a
-    checkpoint from elsewhere cannot run code when it is resumed.
+    checkpoint from elsewhere cannot run code when it is resumed, and its checksum is
+    verified (files written before states carried one are taken as they are).
+
+    Raises
+    ------
+    SeraOptError
+        When the file cannot be read, holds anything but a planner state, or its state
+        differs from the one saved (a damaged or altered file); the planner is left as
+        it was.
 
     Returns
     -------
@@ -320,12 +336,23 @@ def load_planner(planner: Any, folder: str | os.PathLike) -> str | None:
         return None
     with torch.serialization.safe_globals(_numpy_globals()):
         try:
-            state = torch.load(path, weights_only=True)
+            payload = torch.load(path, weights_only=True)
         except Exception as exc:  # torch raises UnpicklingError (or RuntimeError) here
+            # torch's own message advises weights_only=False, which would run the file's
+            # code: say what is wrong in the library's words instead.
+            unsafe = "global" in str(exc).lower()
+            what = ("it refers to objects other than arrays, numbers and strings, and loading "
+                    "it could run code" if unsafe else
+                    f"it is damaged, truncated or not a torch file ({type(exc).__name__})")
             raise SeraOptError(
-                f"{path} is not a planner state that can be loaded safely ({exc}); it should hold "
-                "the dict that RolloutPlanner.state_dict() returns (arrays, numbers and strings)."
-            ) from exc
+                f"{path} cannot be loaded safely as a planner state: {what}; it should hold "
+                "what save_planner writes (RolloutPlanner.state_dict(), sealed with its "
+                "checksum). Restore the checkpoint folder from a copy, or delete the file to "
+                "resume with a fresh planner."
+            ) from None
+    # A file written before states were sealed carries no checksum and is taken as it is.
+    state = (checked_state.unseal(payload, source=path) if checked_state.is_sealed(payload)
+             else payload)
     planner.load_state_dict(state)
     return path
 

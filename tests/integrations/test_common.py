@@ -233,6 +233,90 @@ def test_a_planner_file_cannot_run_code_on_resume(tmp_path):
     _assert_same_state(planner.state_dict(), before)
 
 
+def _flip_bit_in_successes(path, tmp_path):
+    """Rewrite the sealed file with one bit of a stored success count flipped and the old
+    checksum kept, as a damaged disk or a hand edit would leave it."""
+    payload = torch.load(path, weights_only=False)
+    successes = payload["state"]["tracker"]["successes"]
+    successes.view(np.uint64)[0] ^= np.uint64(1) << np.uint64(40)
+    torch.save(payload, path)
+
+
+def test_a_flipped_bit_in_a_stored_success_count_is_refused(tmp_path):
+    planner = _planner([1, 1, 2, 3])
+    path = _common.save_planner(planner, tmp_path)
+    _flip_bit_in_successes(path, tmp_path)
+    fresh = sera_opt.RolloutPlanner("sera", min_rollouts=2, max_rollouts=8, offset=1)
+    before = fresh.state_dict()
+    with pytest.raises(SeraOptError, match="is damaged: its state's checksum"):
+        _common.load_planner(fresh, tmp_path)
+    _assert_same_state(fresh.state_dict(), before)
+
+
+def test_a_flipped_byte_anywhere_in_the_file_is_refused_or_changes_nothing(tmp_path):
+    # Bytes of the zip's bookkeeping that torch does not read (timestamps, padding, the
+    # directory's copies) may change without changing the state; every other flip is
+    # refused in the library's words, never with torch's advice to load unsafely.
+    planner = _planner([1, 1, 2, 3])
+    saved = planner.state_dict()
+    path = _common.save_planner(planner, tmp_path)
+    original = open(path, "rb").read()
+    # torch pickles with protocol 2, where numpy's bytes travel as latin-1 text in UTF-8.
+    counts = saved["tracker"]["successes"].tobytes().decode("latin-1").encode("utf-8")
+    inside = original.find(counts)
+    assert inside > 0, "the success counts are not where the test looks for them"
+    offsets = sorted({*range(0, len(original), 7), *range(inside, inside + len(counts))})
+    refused = 0
+    for offset in offsets:
+        damaged = bytearray(original)
+        damaged[offset] ^= 0xFF
+        open(path, "wb").write(bytes(damaged))
+        fresh = sera_opt.RolloutPlanner("sera", min_rollouts=2, max_rollouts=8, offset=1)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # torch's note on an unknown pickle protocol
+                _common.load_planner(fresh, tmp_path)
+        except SeraOptError as exc:
+            refused += 1
+            assert "weights_only=False" not in str(exc) and path in str(exc), (offset, exc)
+            assert exc.__cause__ is None, offset
+            continue
+        _assert_same_state(fresh.state_dict(), saved)
+    assert refused > len(counts), f"only {refused} of {len(offsets)} damaged files refused"
+
+
+def test_an_interrupted_save_leaves_the_previous_file_intact(tmp_path, monkeypatch):
+    first = _planner([1, 1, 2, 3])
+    path = _common.save_planner(first, tmp_path)
+    before = open(path, "rb").read()
+    second = _planner([5, 5, 6, 7])
+    real_save = torch.save
+
+    def dies_halfway(obj, f, *args, **kwargs):
+        real_save(obj, f, *args, **kwargs)
+        f.truncate(len(before) // 2)
+        raise KeyboardInterrupt("killed while writing")
+
+    monkeypatch.setattr(_common.torch, "save", dies_halfway)
+    with pytest.raises(KeyboardInterrupt):
+        _common.save_planner(second, tmp_path)
+    monkeypatch.undo()
+    assert open(path, "rb").read() == before
+    assert os.listdir(tmp_path) == [_common.PLANNER_STATE_FILE], "a temporary file was left"
+    fresh = sera_opt.RolloutPlanner("sera", min_rollouts=2, max_rollouts=8, offset=1)
+    _common.load_planner(fresh, tmp_path)
+    _assert_same_state(fresh.state_dict(), first.state_dict())
+
+
+def test_a_saved_planner_carries_the_checksum_of_its_state(tmp_path):
+    from sera_opt import checked_state
+
+    planner = _planner([1, 1, 2, 3])
+    payload = torch.load(_common.save_planner(planner, tmp_path), weights_only=False)
+    assert payload["format"] == checked_state.SEALED_FORMAT
+    assert payload["sha256"] == checked_state.state_digest(planner.state_dict())
+
+
 # --------------------------------------------------------------------------- versions
 
 
