@@ -14,20 +14,23 @@ and the rule's verdict. With ``--plot`` it draws pass@1 and pass@64 against CPU 
     python -m sera_opt.benchmarks.cost_decision --trl T.json --maze M.json \\
         --maze-hard H.json --arithmetic A.json [--out SUMMARY.json] [--plot FIG.png]
 
-A configuration not given counts as not run, and then the rule decides nothing.
+A configuration not given counts as not run, and then the rule decides nothing. Each file
+must be a whole run of the configuration it is given as (:data:`RULE_RUNS`: its benchmark,
+its preset, the rule's arms and seeds, pass@k up to k = 64, no NaN), and no file may be given
+twice; anything else, and an ``--out`` or ``--plot`` that cannot be written, is refused in
+one line with exit status 2 before any work.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from sera_opt.benchmarks import _harness
+from sera_opt.benchmarks import _harness, _results
+from sera_opt.benchmarks._results import ResultFileError
 
 CONFIGURATIONS = ("TRL arithmetic", "maze default", "maze hard", "torch-loop arithmetic")
 KS = (1, 64)
@@ -39,49 +42,134 @@ ROLES = {
               "rounds=2": "uniform:rounds=2", "rounds=4": "uniform:rounds=4"},
 }
 CANDIDATES = ("rounds=2", "rounds=4")
+#: What the rule runs for each configuration (docs/benchmarks.md, "Configurations and runs"):
+#: the command-line flag, the benchmark, its preset, the seeds and the command.
+RULE_RUNS = {
+    "TRL arithmetic": ("--trl", "trl_coverage", "default", 10,
+                       "sera-opt bench trl-coverage --jobs 2 --out runs/trl_coverage"),
+    "maze default": ("--maze", "maze", "default", 16,
+                     "sera-opt bench maze --arms uniform,sera-fair:alpha=1,uniform:rounds=2,"
+                     "uniform:rounds=4 --out runs/maze"),
+    "maze hard": ("--maze-hard", "maze", "hard", 16,
+                  "sera-opt bench maze --preset hard --arms uniform,sera-fair:alpha=1,"
+                  "uniform:rounds=2,uniform:rounds=4 --out runs/maze_hard"),
+    "torch-loop arithmetic": ("--arithmetic", "arithmetic", "default", 10,
+                              "sera-opt bench arithmetic --arms uniform,sera-fair:alpha=1,"
+                              "uniform:rounds=2,uniform:rounds=4 --out runs/arithmetic"),
+}
+#: The configuration field that lists a benchmark's arms.
+_ARM_FIELDS = {"trl_coverage": "arms", "maze": "arms", "arithmetic": "policies"}
 #: Each benchmark's names for its (CPU, tokens-or-moves, calls) grids and their keys.
 _TOKEN_GRIDS = (("cpu_s", "cpu_grid_s"), ("tokens", "token_grid"), ("calls", "call_grid"))
 _GRIDS = {"trl_coverage": _TOKEN_GRIDS, "arithmetic": _TOKEN_GRIDS,
           "maze": (("cpu_s", "cpu_grid_s"), ("moves", "move_grid"), ("calls", "call_grid"))}
 
 
-def _runs(payload: dict) -> tuple[dict[str, dict[int, dict]], dict[str, list[float]]]:
-    """(arm -> seed -> {"final": pass@k curve, "at_cost": CostGrid points}, cost -> grid)."""
-    kind = payload["benchmark"]
-    if kind not in _GRIDS:
-        raise SystemExit(f"not a result of trl-coverage, maze or arithmetic: {kind!r}")
-    grids = {cost: [float(t) for t in payload["config"][key]] for cost, key in _GRIDS[kind]}
-    out: dict[str, dict[int, dict]] = {}
+def _presets(kind: str) -> dict[str, dict[str, Any]]:
+    """A benchmark's presets as its result's ``config`` holds them."""
     if kind == "trl_coverage":
-        items = [(r["arm"], r["seed"], r["final_pass_at_k"], r["at_cost"]) for r in payload["runs"]]
+        from sera_opt.benchmarks.trl_coverage.train import PRESETS
     elif kind == "maze":
-        items = [(r["arm"], r["seed"], r["pass_at_k"], r["curves"]["at_cost"])
-                 for r in payload["runs"]]
+        from sera_opt.benchmarks.maze.train import PRESETS
     else:
-        items = [(arm, r["seed"], v["pass_at_k"], v["curves"]["at_cost"])
-                 for r in payload["runs"] for arm, v in r["policies"].items()]
-    for arm, seed, final, points in items:
-        out.setdefault(arm, {})[int(seed)] = {"final": np.asarray(final, dtype=np.float64),
-                                             "at_cost": points}
+        from dataclasses import asdict
+
+        from sera_opt.benchmarks.arithmetic.train import PRESETS
+
+        return {name: {**asdict(cfg), "budget": cfg.budget} for name, cfg in PRESETS.items()}
+    return {name: cfg.to_dict() for name, cfg in PRESETS.items()}
+
+
+def check_run(name: str, payload: dict, *, label: str) -> None:
+    """Refuse a result that is not the run the rule names for configuration ``name``: another
+    benchmark, another preset, or a configuration changed beside the arms and seeds
+    (:func:`summarize` checks the arms, the seeds and pass@k)."""
+    flag, kind, preset, _, command = RULE_RUNS[name]
+    if payload.get("benchmark") != kind:
+        raise ResultFileError(f"{label} is a {payload.get('benchmark')!r} result, but {name} "
+                              f"is a {kind!r} run: {command}")
+    presets = _presets(kind)
+    ignore = ("seeds", _ARM_FIELDS[kind])
+    differences = _results.preset_differences(payload["config"], presets[preset], ignore=ignore)
+    if differences:
+        others = [other for other, config in presets.items() if other != preset
+                  and not _results.preset_differences(payload["config"], config, ignore=ignore)]
+        what = (f"a run of the {others[0]!r} preset" if others else
+                f"not the {preset!r} preset ({'; '.join(differences[:3])}"
+                f"{'; ...' if len(differences) > 3 else ''})")
+        raise ResultFileError(f"{label} is {what}; {name} is {kind}'s {preset!r} preset, "
+                              f"nothing changed but the arms and seeds: {command}")
+
+
+def _runs(payload: dict, *, label: str | None = None
+          ) -> tuple[dict[str, dict[int, dict]], dict[str, list[float]]]:
+    """(arm -> seed -> {"final": pass@k curve, "at_cost": CostGrid points}, cost -> grid),
+    every curve checked: at least k = 64 values, none NaN."""
+    kind = payload.get("benchmark")
+    label = label or f"the {kind} result"
+    if kind not in _GRIDS:
+        raise ResultFileError(f"{label} is not a result of trl-coverage, maze or arithmetic "
+                              f"(benchmark {kind!r})")
+    try:
+        grids = {cost: [float(t) for t in payload["config"][key]] for cost, key in _GRIDS[kind]}
+        if kind == "trl_coverage":
+            items = [(r["arm"], r["seed"], r["final_pass_at_k"], r["at_cost"])
+                     for r in payload["runs"]]
+        elif kind == "maze":
+            items = [(r["arm"], r["seed"], r["pass_at_k"], r["curves"]["at_cost"])
+                     for r in payload["runs"]]
+        else:
+            items = [(arm, r["seed"], v["pass_at_k"], v["curves"]["at_cost"])
+                     for r in payload["runs"] for arm, v in r["policies"].items()]
+        out: dict[str, dict[int, dict]] = {}
+        for arm, seed, final, points in items:
+            where = f"{label}, arm {arm!r}, seed {seed}"
+            if int(seed) in out.get(arm, {}):
+                raise ResultFileError(f"{where} appears twice; merge seed shards with "
+                                      "their own tool, not by hand")
+            # Checked copies: the payload stays as it was read (the plot reads it again).
+            checked = {cost: [{**point, "value": _results.curve(
+                point["value"], k=max(KS), where=f"{where}, at {point['at']:g} {cost}")}
+                for point in points[cost]] for cost in grids}
+            out.setdefault(arm, {})[int(seed)] = {
+                "final": _results.curve(final, k=max(KS), where=f"{where}, final step"),
+                "at_cost": checked}
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        if isinstance(exc, ResultFileError):
+            raise
+        what = f"no {exc.args[0]!r}" if isinstance(exc, KeyError) else str(exc)
+        raise ResultFileError(f"{label} is not a whole {kind} result ({what}); give the JSON "
+                              "its run wrote") from None
     return out, grids
 
 
 def _cost_per_step(payload: dict, arms) -> dict[str, dict[str, float]]:
     """Per arm: CPU seconds, tokens (moves) and calls per step, and through TRL the
     seconds inside generation per step, as the benchmark's own summary reports them."""
-    kind, summary = payload["benchmark"], payload["summary"]
+    kind, summary = payload["benchmark"], payload.get("summary")
     out = {}
-    for arm in arms:
-        if kind == "trl_coverage":
-            c = summary["arms"][arm]["cost"]
-            out[arm] = {"cpu_s": c["cpu_s_per_step"], "tokens": c["generated_tokens_per_step"],
-                        "calls": c["generation_calls_per_step"], "generate_s": c["generate_s"],
-                        "wall_s": c["step_wall_s"]}
-        else:
-            c = summary[arm]["cost"]
-            work = "moves" if kind == "maze" else "tokens"
-            out[arm] = {"cpu_s": c["cpu_s_per_step"], work: c[f"{work}_per_step"],
-                        "calls": c["calls_per_step"]}
+    try:
+        for arm in arms:
+            if kind == "trl_coverage":
+                c = summary["arms"][arm]["cost"]
+                out[arm] = {"cpu_s": c["cpu_s_per_step"],
+                            "tokens": c["generated_tokens_per_step"],
+                            "calls": c["generation_calls_per_step"],
+                            "generate_s": c["generate_s"], "wall_s": c["step_wall_s"]}
+            else:
+                c = summary[arm]["cost"]
+                work = "moves" if kind == "maze" else "tokens"
+                out[arm] = {"cpu_s": c["cpu_s_per_step"], work: c[f"{work}_per_step"],
+                            "calls": c["calls_per_step"]}
+    except (KeyError, TypeError) as exc:
+        what = f"no {exc.args[0]!r}" if isinstance(exc, KeyError) else str(exc)
+        raise ResultFileError(f"the {kind} result's summary lacks the cost per step ({what}); "
+                              "give the JSON its run wrote") from None
+    bad = [f"{arm} {key}" for arm, costs in out.items() for key, v in costs.items()
+           if not isinstance(v, (int, float)) or not np.isfinite(v)]
+    if bad:
+        raise ResultFileError(f"the {kind} result's cost per step is not a number for "
+                              f"{', '.join(bad[:4])}")
     return out
 
 
@@ -90,21 +178,37 @@ def _paired(rows_a: list, rows_b: list) -> dict[str, dict[str, Any]]:
         _harness.paired_difference(np.stack(rows_a), np.stack(rows_b)), KS)
 
 
-def summarize(payload: dict) -> dict[str, Any]:
+def summarize(payload: dict, name: str | None = None, *, label: str | None = None
+              ) -> dict[str, Any]:
     """One configuration: the common amounts, and per point the paired differences the rule
-    reads."""
-    runs, grids = _runs(payload)
+    reads. With ``name`` (a key of :data:`RULE_RUNS`) the run must also have the rule's
+    number of seeds for that configuration.
+
+    Raises
+    ------
+    ResultFileError
+        When the payload is not a whole result, lacks one of the rule's arms, its arms ran
+        different seeds, a pass@k curve stops before k = 64 or holds NaN.
+    """
+    if not isinstance(payload, dict):
+        raise ResultFileError(f"{label or 'a result'} is a JSON {type(payload).__name__}, "
+                              "not a result object")
+    runs, grids = _runs(payload, label=label)
+    label = label or f"the {payload['benchmark']} result"
     kind = "trl" if payload["benchmark"] == "trl_coverage" else "torch"
     roles = ROLES[kind]
     missing = [arm for arm in roles.values() if arm not in runs]
     if missing:
-        raise SystemExit(f"{payload['benchmark']} run lacks the rule's arms {missing}; run it "
-                         "with the command docs/benchmarks.md gives")
+        raise ResultFileError(f"{label} lacks the rule's arms {missing}; run it with the "
+                              "command docs/benchmarks.md gives")
     seeds = sorted(runs[roles["static"]])
     for arm in roles.values():
         if sorted(runs[arm]) != seeds:
-            raise SystemExit(f"arm {arm!r} ran seeds {sorted(runs[arm])}, the static arm {seeds}: "
-                             "the comparison is paired by seed")
+            raise ResultFileError(f"{label}: arm {arm!r} ran seeds {sorted(runs[arm])}, the "
+                                  f"static arm {seeds}: the comparison is paired by seed")
+    if name is not None and len(seeds) != RULE_RUNS[name][3]:
+        raise ResultFileError(f"{label} ran {len(seeds)} seed(s); the rule judges {name} on "
+                              f"{RULE_RUNS[name][3]}: {RULE_RUNS[name][4]}")
     every = [runs[arm][s]["at_cost"] for arm in roles.values() for s in seeds]
     common = {cost: _harness.common_amounts(grid, (p[cost] for p in every))
               for cost, grid in grids.items()}
@@ -167,7 +271,7 @@ def verdict(summaries: dict[str, dict]) -> dict[str, Any]:
         result["admissible"][role] = {"admissible": not reasons, "reasons": reasons}
     for cand in CANDIDATES:
         never_below, above, p64 = True, False, []
-        for name, s in summaries.items():
+        for s in summaries.values():
             if "cpu_s" not in s["paired"]:
                 never_below = False
                 continue
@@ -293,9 +397,18 @@ def plot(payloads: dict[str, dict], path: Path) -> None:
     plt.close(fig)
 
 
+PROG = "python -m sera_opt.benchmarks.cost_decision"
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sera_opt.benchmarks.cost_decision",
-                                     description=__doc__.split("\n\n")[0])
+    """The command line; every refusal is one line on stderr and exit status 2."""
+    return _results.run_tool(PROG, _main, argv)
+
+
+def _main(argv=None) -> int:
+    from sera_opt.cli.errors import Parser
+
+    parser = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument("--trl", type=Path, help="trl_coverage.json")
     parser.add_argument("--maze", type=Path, help="the default maze preset's JSON")
     parser.add_argument("--maze-hard", type=Path, help="the hard maze preset's JSON")
@@ -304,19 +417,22 @@ def main(argv=None) -> int:
                         help="write the summary and the verdict to this .json file")
     parser.add_argument("--plot", type=Path, default=None, help="write the CPU-time plot (PNG)")
     args = parser.parse_args(argv)
-    payloads = {}
-    for name, path in zip(CONFIGURATIONS, (args.trl, args.maze, args.maze_hard, args.arithmetic)):
-        if path is not None:
-            if not path.is_file():
-                parser.error(f"{name}: no file {str(path)!r}; give the JSON its run wrote")
-            payloads[name] = json.loads(path.read_text())
-    if not payloads:
+    given = dict(zip(CONFIGURATIONS, (args.trl, args.maze, args.maze_hard, args.arithmetic)))
+    if all(path is None for path in given.values()):
         parser.error("give at least one of --trl, --maze, --maze-hard, --arithmetic")
-    if args.out is not None and args.out.suffix != ".json":
-        parser.error(f"--out names a .json file; got {str(args.out)!r}")
-    if args.plot is not None and args.plot.suffix != ".png":
-        parser.error(f"--plot names a .png file; got {str(args.plot)!r}")
-    summaries = {name: summarize(p) for name, p in payloads.items()}
+    # Everything that can be refused is refused before the work (and before a verdict).
+    _results.check_output(args.out, flag="--out", suffix=".json")
+    _results.check_output(args.plot, flag="--plot", suffix=".png")
+    _results.same_files({RULE_RUNS[name][0]: path for name, path in given.items()})
+    payloads, summaries = {}, {}
+    for name, path in given.items():
+        if path is None:
+            continue
+        flag, kind = RULE_RUNS[name][:2]
+        label = f"{flag} {str(path)!r}"
+        payloads[name] = _results.read_result(path, flag=flag, benchmark=kind)
+        check_run(name, payloads[name], label=label)
+        summaries[name] = summarize(payloads[name], name, label=label)
     rule = verdict(summaries)
     _print(summaries, rule)
     if args.out is not None:
