@@ -42,7 +42,9 @@ __all__ = [
     "MAX_ROLLOUTS_PER_MEAN_COUNT",
     "PLANNER_STATE_FILE",
     "binary_outcomes",
+    "active_set_metrics",
     "check_counts",
+    "count_minimum",
     "check_success_threshold",
     "check_version",
     "default_max_rollouts",
@@ -266,6 +268,27 @@ def check_counts(
             f"the budget ({int(budget)})."
         )
     return array
+
+
+def count_minimum(allocation: Any) -> int:
+    """The smallest count a planner's allocation may give a prompt: 0 where it switches
+    prompts off (an active set), else 1."""
+    return 0 if getattr(allocation, "active_set", None) is not None else 1
+
+
+def active_set_metrics(allocation: Any) -> dict[str, float]:
+    """What a trainer logs per step about the prompts a plan switched off: the active
+    fraction, the prompts switched off as too easy and as too hard, and the forced
+    activations (all prompts active, none off, when the plan has no active set)."""
+    active_set = getattr(allocation, "active_set", None)
+    if active_set is None:
+        return {"active_fraction": 1.0, "switched_off_too_easy": 0.0,
+                "switched_off_too_hard": 0.0, "forced_activations": 0.0}
+    summary = active_set.summary()
+    return {"active_fraction": float(summary["active_fraction"]),
+            "switched_off_too_easy": float(summary["too_easy"]),
+            "switched_off_too_hard": float(summary["too_hard"]),
+            "forced_activations": float(summary["forced"])}
 
 
 # --------------------------------------------------------------------------- checkpoints

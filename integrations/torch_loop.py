@@ -109,8 +109,14 @@ class RolloutPlan:
 
     @property
     def num_prompts(self) -> int:
-        """Number of prompts, M."""
+        """Number of prompts, M (those switched off included)."""
         return int(self.prompt_ids.shape[0])
+
+    @property
+    def mean_count(self) -> float:
+        """``N0 = B / M``, the multiplicity correction's ``nbar``: a switched-off prompt's
+        share of the budget went to the active prompts, whose weights stay ``N0 / n_i``."""
+        return self.budget / self.num_prompts
 
     @property
     def row_prompt_ids(self) -> np.ndarray:
@@ -134,10 +140,12 @@ class RolloutPlan:
         counts : sequence of int, length M
             Rollouts per prompt.
         allocation : sera_opt.Allocation, optional
-            Kept on the plan for logging.
+            Kept on the plan for logging. An allocation with an active set lets prompts
+            have 0 rollouts (they get no rows); otherwise every count is at least 1.
         """
         ids = _as_prompt_id_array(prompt_ids)
-        counts_arr = _common.check_counts(counts, ids.shape[0], minimum=1)
+        counts_arr = _common.check_counts(counts, ids.shape[0],
+                                          minimum=_common.count_minimum(allocation))
         prompt_index = np.repeat(np.arange(ids.shape[0], dtype=np.int64), counts_arr)
         return cls(
             prompt_ids=ids, counts=counts_arr, prompt_index=prompt_index, allocation=allocation
@@ -271,7 +279,8 @@ def plan_rollouts(planner: Any, prompt_ids: Sequence[Any], budget: int) -> Rollo
     if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or budget < 1:
         raise SeraOptError(f"budget must be a positive integer number of rollouts; got {budget!r}.")
     allocation = planner.plan(ids.tolist(), int(budget))
-    counts = _common.check_counts(allocation, ids.shape[0], minimum=1, budget=int(budget))
+    counts = _common.check_counts(allocation, ids.shape[0],
+                                  minimum=_common.count_minimum(allocation), budget=int(budget))
     return RolloutPlan.from_counts(ids, counts, allocation=allocation)
 
 
@@ -301,6 +310,7 @@ def maxrl_loss(
     success_threshold: float | None = None,
     process_group: Any = None,
     round_index: Any = None,
+    mean_count: float | None = None,
 ) -> MaxRLLoss:
     """The MaxRL policy-gradient loss of one batch of rollouts.
 
@@ -344,6 +354,10 @@ def maxrl_loss(
         The round of each rollout when the step was sampled in rounds
         (:func:`maxrl_round_step`); passed to :func:`sera_opt.maxrl_advantages`, whose
         mean-centred estimator then uses the first round's baseline.
+    mean_count : float, optional
+        The correction's ``nbar`` (:func:`sera_opt.maxrl_advantages`); :func:`maxrl_step`
+        passes :attr:`RolloutPlan.mean_count`, so that prompts switched off by the plan
+        leave the active prompts' weights at ``N0 / n_i``.
 
     Returns
     -------
@@ -404,6 +418,7 @@ def maxrl_loss(
         round_index=None if round_index is None else torch.as_tensor(
             np.array(round_index) if not isinstance(round_index, torch.Tensor) else round_index,
             device=log_probs.device),
+        mean_count=mean_count,
     )
     advantages = advantages.detach().to(device=log_probs.device, dtype=per_row_logps.dtype)
     # policy_gradient_loss is aggregate_loss(-A[:, None] * log_probs, mask, mode).
@@ -510,6 +525,7 @@ def maxrl_step(
         estimator=estimator,
         multiplicity_correction=multiplicity_correction,
         success_threshold=success_threshold,
+        mean_count=plan.mean_count,
     )
     reward_tensor = _rewards_tensor(rewards, plan.budget, result.advantages.device)
     if not reward_tensor.is_floating_point():
@@ -520,7 +536,10 @@ def maxrl_step(
         estimator=estimator,
         multiplicity_correction=multiplicity_correction,
         success_threshold=success_threshold,
+        mean_count=plan.mean_count,
     )
+    diagnostics = {key: float(value) for key, value in dict(diagnostics).items()}
+    diagnostics.update(_common.active_set_metrics(plan.allocation))
     if update_planner:
         observe(planner, plan, reward_tensor, success_threshold=success_threshold)
     return StepOutput(
@@ -528,7 +547,7 @@ def maxrl_step(
         advantages=result.advantages,
         rewards=reward_tensor,
         plan=plan,
-        diagnostics={key: float(value) for key, value in dict(diagnostics).items()},
+        diagnostics=diagnostics,
     )
 
 

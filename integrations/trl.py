@@ -51,6 +51,7 @@ try:
     import torch
     import trl
     from accelerate.utils import gather, gather_object
+    from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 except ImportError as _error:  # pragma: no cover - depends on the environment
     raise MissingDependencyError(
@@ -59,13 +60,13 @@ except ImportError as _error:  # pragma: no cover - depends on the environment
 
 import sera_opt
 from sera_opt.integrations import _common
-from sera_opt.rounds import run_rounds
 from sera_opt.integrations.torch_loop import (
     RolloutPlan,
     _as_prompt_id_array,
     check_planner_offset,
     plan_rollouts,
 )
+from sera_opt.rounds import run_rounds
 
 __all__ = [
     "LOSS_TYPE_TO_MODE",
@@ -272,6 +273,21 @@ def _concatenate_generations(outputs: list[tuple]) -> tuple:
     return tuple(merged)
 
 
+class _EpochBoundary(TrainerCallback):
+    """Tells the trainer's planner where each pass over the training data ends
+    (:meth:`sera_opt.RolloutPlanner.end_epoch`; nothing to do for a tracker that updates
+    after every step)."""
+
+    def __init__(self, trainer: SeraGRPOTrainer):
+        self._trainer = trainer
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        end = getattr(self._trainer.sera_planner, "end_epoch", None)
+        if end is not None:
+            end()
+        return control
+
+
 class SeraGRPOTrainer(GRPOTrainer):
     """``trl.GRPOTrainer`` with planned rollout counts and MaxRL advantages.
 
@@ -399,6 +415,9 @@ class SeraGRPOTrainer(GRPOTrainer):
                 "sera_opt.integrations.torch_loop.maxrl_round_step."
             )
         super().__init__(model, reward_funcs, args, **kwargs)
+        # A tracker frozen per epoch (the authors' estimates) folds an epoch's outcomes in at
+        # each pass over the training data.
+        self.add_callback(_EpochBoundary(self))
 
     # ------------------------------------------------------------------ planning
     def _sera_prompt_id(self, row: dict[str, Any]) -> Any:
@@ -527,6 +546,7 @@ class SeraGRPOTrainer(GRPOTrainer):
         global_index: torch.Tensor,
         rewards: torch.Tensor,
         round_index: torch.Tensor | None = None,
+        mean_count: float | None = None,
     ) -> torch.Tensor:
         advantages = sera_opt.maxrl_advantages(
             rewards,
@@ -535,6 +555,7 @@ class SeraGRPOTrainer(GRPOTrainer):
             multiplicity_correction=self.sera_multiplicity_correction,
             success_threshold=self.sera_success_threshold,
             round_index=round_index,
+            mean_count=mean_count,
         )
         advantages = advantages.to(
             device=output["advantages"].device, dtype=output["advantages"].dtype
@@ -567,8 +588,12 @@ class SeraGRPOTrainer(GRPOTrainer):
             global_index,
             estimator=self.sera_estimator,
             success_threshold=self.sera_success_threshold,
+            mean_count=None if plan is None else plan.mean_count,
         )
         diagnostics = {key: float(value) for key, value in dict(diagnostics).items()}
+        # Prompts the plan switched off (0 rollouts), summed over the processes' plans.
+        if plan is not None:
+            diagnostics.update(self._sera_active_set_metrics(plan.allocation))
         for key, value in diagnostics.items():
             self._metrics[mode][f"sera/{key}"].append(value)
         if plan is not None:
@@ -580,6 +605,22 @@ class SeraGRPOTrainer(GRPOTrainer):
             if min_factor is not None:
                 self._metrics[mode]["sera/planned_min_factor"].append(float(min_factor))
         return diagnostics
+
+    def _sera_active_set_metrics(self, allocation) -> dict:
+        """The active fraction and the prompts switched off as too easy, as too hard and
+        forced on, over every process's plan of this generation batch."""
+        local = _common.active_set_metrics(allocation)
+        num_prompts = float(getattr(allocation, "num_prompts", 0) or 0)
+        values = torch.tensor(
+            [local["active_fraction"] * num_prompts, num_prompts,
+             local["switched_off_too_easy"], local["switched_off_too_hard"],
+             local["forced_activations"]],
+            dtype=torch.float64, device=self.accelerator.device)
+        total = self.accelerator.reduce(values, reduction="sum")
+        active, prompts, easy, hard, forced = total.tolist()
+        return {"active_fraction": active / prompts if prompts else 1.0,
+                "switched_off_too_easy": easy, "switched_off_too_hard": hard,
+                "forced_activations": forced}
 
     def _generate_and_score_completions(self, inputs):
         mode = "train" if self.model.training else "eval"
@@ -634,7 +675,10 @@ class SeraGRPOTrainer(GRPOTrainer):
                     rounds_result.round_index, dtype=torch.long, device=self.accelerator.device
                 )
             )
-        advantages = self._sera_replace_advantages(output, mode, global_index, rewards, round_index)
+        # N0 / n_i weights: a prompt the plan switched off handed its share of the batch to
+        # the active ones (every process plans its share with the same N0).
+        advantages = self._sera_replace_advantages(output, mode, global_index, rewards, round_index,
+                                                   mean_count=plan.mean_count)
         diagnostics = self._sera_log_diagnostics(mode, global_index, rewards, plan)
         if rounds_result is not None:
             diagnostics.update(self._sera_log_round_diagnostics(mode, rounds_result))

@@ -100,8 +100,11 @@ class RolloutPlanner(LockedState):
         (offset 0, ``min_rollouts=1``): pass ``offset`` and ``min_rollouts`` for the
         estimator you use, e.g. ``RolloutPlanner("sera-fair", alpha=1.0, offset=1,
         min_rollouts=2)``.
-    tracker : SuccessTracker, optional
-        Defaults to ``SuccessTracker()`` (fitted prior, no forgetting).
+    tracker : SuccessTracker or EpochTracker, optional
+        Defaults to ``SuccessTracker()`` (fitted prior, no forgetting); for the
+        ``"sera-paper"`` policy to the authors' estimates, ``EpochTracker()`` (frozen per
+        epoch, discounted, with the whole batch uniform while any of its prompts is
+        unseen: :meth:`paper_sera`).
     round_policy : str or AllocationPolicy, optional
         Allocates the rounds after the first in :meth:`start_rounds`. A name is built
         with the policy's offset and bounds. None: :data:`DEFAULT_ROUND_POLICY` for the
@@ -142,10 +145,11 @@ class RolloutPlanner(LockedState):
             _round_policy_named(round_policy, self.policy) if isinstance(round_policy, str)
             else get_policy(round_policy))
         if tracker is None:
-            tracker = SuccessTracker()
-        elif not isinstance(tracker, SuccessTracker):
+            tracker = _default_tracker(self.policy)
+        elif not isinstance(tracker, _tracker_types()):
             raise SeraOptError(
-                f"tracker must be a sera_opt.SuccessTracker, got {type(tracker).__name__}."
+                f"tracker must be a sera_opt.SuccessTracker or a sera_opt.EpochTracker, got "
+                f"{type(tracker).__name__}."
             )
         self.tracker = tracker
         # Round sessions started with observe=True whose outcomes the tracker is still
@@ -153,6 +157,35 @@ class RolloutPlanner(LockedState):
         self._owed: dict[str, None] = {}
         self._lock = threading.RLock()
 
+
+    @classmethod
+    def paper_sera(cls, *, cold_start: str = "batch", **policy_options: Any) -> RolloutPlanner:
+        """SERA as its authors run it (docs/theory.md, "SERA as its authors run it").
+
+        The ``"sera-paper"`` policy (the mean-centred factor, positive counts in
+        ``[2, 4 N0]`` with ``N0 = budget / M``, prompts without a useful chance of a mixed
+        group switched off at threshold 0.05, the authors' rounding) with the authors'
+        estimates: an :class:`~sera_opt.EpochTracker` (Beta(1/2, 1/2) prior, evidence
+        discounted by 0.75 and frozen per epoch: call :meth:`end_epoch` at each pass over
+        the data), and the whole batch uniform while any of its prompts is unseen
+        (``cold_start="batch"``; ``"prior"`` estimates an unseen prompt by the prior
+        instead). ``policy_options`` override the policy's settings, e.g.
+        ``rounding="exact"`` for the lexicographic max-min on the same active set.
+        """
+        from .tracking import EpochTracker
+
+        return cls("sera-paper", tracker=EpochTracker(cold_start=cold_start), **policy_options)
+
+    def end_epoch(self) -> RolloutPlanner:
+        """Mark the end of a pass over the data: an :class:`~sera_opt.EpochTracker` folds
+        the epoch's outcomes into its frozen estimates; a :class:`SuccessTracker`, which
+        updates after every :meth:`observe`, has nothing to do."""
+        with self._lock:
+            tracker = self.tracker
+        end = getattr(tracker, "end_epoch", None)
+        if end is not None:
+            end()
+        return self
 
     @property
     def uses_posterior(self) -> bool:
@@ -187,8 +220,13 @@ class RolloutPlanner(LockedState):
             its own ``min_rollouts``), so the prompt receives the sum of its
             rows' counts; :meth:`observe` pools all their rollouts.
         """
-        policy, _, success_probs, allocate_options = self._inputs(prompt_ids,
-                                                                  allocate_options, "plan")
+        policy, (tracker, _, _), success_probs, allocate_options = self._inputs(
+            prompt_ids, allocate_options, "plan")
+        if _batch_is_cold(tracker, prompt_ids):
+            if success_probs is None:  # a policy of posteriors: their means
+                alpha, beta = allocate_options["posterior"]
+                success_probs = np.asarray(alpha) / (np.asarray(alpha) + np.asarray(beta))
+            return _cold_start(policy, success_probs, budget, min_rollouts, max_rollouts)
         # The estimates are this call's own arrays: the solve needs no lock.
         return policy.allocate(success_probs, budget, min_rollouts=min_rollouts,
                                max_rollouts=max_rollouts, **allocate_options)
@@ -395,6 +433,7 @@ class RolloutPlanner(LockedState):
                 config = state["policy"]
             round_config = state["round_policy"] if state["format"] == _FORMAT else None
             tracker_state = state["tracker"]
+            tracker_type = _tracker_for_state(tracker_state)
             owed = state.get("open_rounds", [])
         except (KeyError, TypeError) as exc:
             raise SeraOptError(f"malformed RolloutPlanner state: missing {exc}.") from None
@@ -409,7 +448,7 @@ class RolloutPlanner(LockedState):
             round_policy = (policy if round_config is None else policy_from_config(
                 round_config, **self._current_objects(round_config, objects))
             )
-            tracker = SuccessTracker.from_state_dict(tracker_state)
+            tracker = tracker_type.from_state_dict(tracker_state)
             # All built and checked: swap them in together.
             self.policy, self.round_policy, self.tracker = policy, round_policy, tracker
             self._owed = dict.fromkeys(owed)
@@ -434,6 +473,50 @@ class RolloutPlanner(LockedState):
     def __repr__(self) -> str:
         return (f"RolloutPlanner(policy={self.policy!r}, round_policy={self.round_policy!r}, "
                 f"tracker={self.tracker!r})")
+
+
+def _tracker_types() -> tuple[type, ...]:
+    from .tracking import EpochTracker
+
+    return (SuccessTracker, EpochTracker)
+
+
+def _default_tracker(policy: AllocationPolicy):
+    """The tracker of a planner built without one: the authors' estimates for their
+    configuration, ``SuccessTracker()`` otherwise."""
+    if policy.name == "sera-paper":
+        from .tracking import EpochTracker
+
+        return EpochTracker()
+    return SuccessTracker()
+
+
+def _tracker_for_state(state) -> type:
+    """The tracker class that wrote ``state`` (by its format tag)."""
+    from .tracking import EpochTracker
+
+    fmt = state.get("format", "") if isinstance(state, Mapping) else ""
+    return EpochTracker if str(fmt).startswith("sera_opt.EpochTracker") else SuccessTracker
+
+
+def _batch_is_cold(tracker, prompt_ids) -> bool:
+    """Whether the tracker asks for the whole batch to be allocated uniformly (the
+    authors' cold start: a prompt of the batch has no estimate yet)."""
+    cold = getattr(tracker, "batch_is_cold", None)
+    return bool(cold(prompt_ids)) if cold is not None else False
+
+
+def _cold_start(policy: AllocationPolicy, success_probs, budget, min_rollouts, max_rollouts
+                ) -> Allocation:
+    """Every prompt of the batch active with the same count (``N0`` each, weight 1), as
+    the authors plan a batch with an unseen prompt: plain MaxRL."""
+    from .policies import UniformPolicy
+
+    lo = policy.min_rollouts if min_rollouts is None else min_rollouts
+    hi = policy.max_rollouts if max_rollouts is None else max_rollouts
+    uniform = UniformPolicy(offset=policy.offset, min_rollouts=lo, max_rollouts=hi)
+    alloc = uniform.allocate(success_probs, budget)
+    return alloc.replace(solver=f"{policy.name} (cold start: uniform)", status="cold start")
 
 
 def _check_default_options(options: dict[str, Any]) -> None:

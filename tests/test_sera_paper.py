@@ -299,3 +299,74 @@ def test_rounds_keep_the_callers_switched_off_prompts_at_zero():
         assert counts[1] == 0
         session.record(rng.random(int(counts.sum())) < 0.4)
     assert session.result().counts[1] == 0
+
+
+# ------------------------------------------------------------------ the planner
+def _observe_epoch(planner, ids, p, rng, budget):
+    plan = planner.plan(ids, budget)
+    rows = np.repeat(np.asarray(ids), plan.counts)
+    planner.observe(rows, rng.random(rows.shape[0]) < np.repeat(p, plan.counts))
+    return plan
+
+
+def test_the_preset_planner_is_the_authors_configuration():
+    planner = sera_opt.RolloutPlanner.paper_sera()
+    assert planner.policy.name == "sera-paper"
+    assert type(planner.tracker).__name__ == "EpochTracker"
+    assert planner.tracker.prior_params() == (0.5, 0.5)
+    assert planner.tracker.config()["discount"] == 0.75
+    assert planner.tracker.cold_start == "batch"
+    same = sera_opt.RolloutPlanner("sera-paper")
+    assert same.config() == planner.config()
+    assert same.tracker.config() == planner.tracker.config()
+
+
+def test_the_first_epoch_is_plain_maxrl_and_estimates_freeze_within_an_epoch():
+    rng = np.random.default_rng(0)
+    ids = list(range(16))
+    p = rng.uniform(0.0, 1.0, 16)
+    planner = sera_opt.RolloutPlanner.paper_sera()
+    first = _observe_epoch(planner, ids, p, rng, 16 * 8)
+    assert first.counts.tolist() == [8] * 16 and first.status == "cold start"
+    # still epoch 0: nothing is known, the batch stays uniform
+    assert _observe_epoch(planner, ids, p, rng, 16 * 8).counts.tolist() == [8] * 16
+    planner.end_epoch()
+    plan = planner.plan(ids, 16 * 8)
+    assert plan.status != "cold start" and plan.solver == "sera-paper (paper rounding)"
+    # outcomes of the running epoch do not move the plan
+    _observe_epoch(planner, ids, p, rng, 16 * 8)
+    np.testing.assert_array_equal(planner.plan(ids, 16 * 8).counts, plan.counts)
+    # a batch with an unseen prompt is uniform again
+    assert planner.plan(ids[:15] + [99], 16 * 8).counts.tolist() == [8] * 16
+
+
+def test_per_prompt_cold_start_plans_unseen_prompts_from_the_prior():
+    planner = sera_opt.RolloutPlanner.paper_sera(cold_start="prior")
+    plan = planner.plan(list(range(8)), 64)
+    assert plan.status != "cold start"
+    assert plan.counts.sum() == 64
+
+
+def test_end_epoch_does_nothing_for_a_continuous_tracker():
+    planner = sera_opt.RolloutPlanner("sera-fair", alpha=1.0, offset=1, min_rollouts=2)
+    planner.observe([1, 1, 2], [1, 0, 0])
+    before = planner.state_dict()["tracker"]
+    planner.end_epoch()
+    after = planner.state_dict()["tracker"]
+    np.testing.assert_array_equal(before["successes"], after["successes"])
+
+
+def test_the_preset_planner_round_trips_its_state():
+    rng = np.random.default_rng(2)
+    ids = [f"q{i}" for i in range(12)]
+    p = rng.uniform(0.0, 1.0, 12)
+    planner = sera_opt.RolloutPlanner.paper_sera()
+    for _ in range(3):
+        _observe_epoch(planner, ids, p, rng, 12 * 4)
+        planner.end_epoch()
+    _observe_epoch(planner, ids, p, rng, 12 * 4)  # pending evidence of a running epoch
+    restored = sera_opt.RolloutPlanner.paper_sera().load_state_dict(planner.state_dict())
+    np.testing.assert_array_equal(restored.plan(ids, 48).counts, planner.plan(ids, 48).counts)
+    planner.end_epoch()
+    restored.end_epoch()
+    np.testing.assert_array_equal(restored.plan(ids, 48).counts, planner.plan(ids, 48).counts)
