@@ -509,3 +509,29 @@ def test_reinforce_ada_step_trains_on_its_kept_group_with_the_pool_rate():
     # capped at a budget: never more than it
     capped = reinforce_ada_step(ReinforceAda(per_round=2), np.arange(10), rollout, budget=50)
     assert capped.counts.sum() <= 50 and capped.kept.sum() <= 40
+
+
+def test_maxrl_step_drops_switched_off_prompts_and_keeps_n0_weights():
+    planner = sera_opt.RolloutPlanner("sera", offset=1, min_rollouts=0, max_rollouts=16)
+    planner.observe([3] * 60 + [0, 0, 1, 1], [1] * 60 + [1, 0, 0, 1])
+    seen = {}
+
+    def rollout_fn(plan):
+        seen["plan"] = plan
+        log_probs = torch.zeros(plan.budget, requires_grad=True)
+        rewards = torch.tensor([i % 2 for i in range(plan.budget)], dtype=torch.float64)
+        return log_probs, rewards
+
+    out = maxrl_step(planner, [0, 1, 2, 3], 16, rollout_fn)
+    plan = seen["plan"]
+    assert plan.counts[3] == 0 and plan.budget == 16 and plan.prompt_index.shape == (16,)
+    assert 3 not in plan.prompt_index.tolist()
+    assert plan.mean_count == 4.0
+    expected = sera_opt.maxrl_advantages(out.rewards, torch.as_tensor(plan.prompt_index),
+                                         mean_count=4.0)
+    torch.testing.assert_close(out.advantages, expected.to(out.advantages.dtype))
+    assert out.diagnostics["active_fraction"] == 0.75
+    assert out.diagnostics["switched_off_too_easy"] == 1.0
+    # no evidence for the switched-off prompt
+    before = planner.tracker.evidence([3])
+    assert before[0][0] == 60

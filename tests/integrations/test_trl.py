@@ -742,3 +742,67 @@ def test_rejects_rewards_maxrl_cannot_use(tmp_path, tokenizer, prompts, reward, 
     )
     with pytest.raises(SeraOptError, match=message):
         trainer.train()
+
+
+def _switching_planner():
+    """A planner with an active set that has seen prompt 3 succeed 60 times in a row: its
+    plan switches it off as too easy."""
+    planner = sera_opt.RolloutPlanner("sera", min_rollouts=0, max_rollouts=16, offset=1)
+    history = {0: [1, 0] * 4, 1: [1] + [0] * 7, 2: [1, 0] * 4, 3: [1] * 60}
+    ids = [prompt_id for prompt_id, outcomes in history.items() for _ in outcomes]
+    outcomes = [value for values in history.values() for value in values]
+    planner.observe(ids, np.asarray(outcomes, dtype=float))
+    return planner
+
+
+def test_switched_off_prompts_leave_the_batch_its_size(tmp_path, tokenizer, prompts):
+    recorder = _RewardRecorder()
+    trainer = _RecordingTrainer(
+        model=build_tiny_model(tokenizer),
+        reward_funcs=recorder,
+        args=_config(tmp_path),
+        train_dataset=_dataset(prompts),
+        processing_class=tokenizer,
+        planner=_switching_planner(),
+        rounds=1,
+    )
+    trainer.train()
+    saw_zero = False
+    for record, call, advantages in zip(trainer.sera_history, recorder.calls,
+                                        trainer.recorded_advantages, strict=True):
+        # The generation batch holds exactly its rows, switched-off prompts none of them.
+        assert len(call["prompts"]) == ROWS
+        assert sum(record["allocated_counts"]) == ROWS
+        allocated = dict(zip(record["prompt_ids"], record["allocated_counts"], strict=True))
+        seen = Counter(prompts.index(text) for text in call["prompts"])
+        assert {i: n for i, n in allocated.items() if n} == dict(seen)
+        saw_zero |= 0 in record["allocated_counts"]
+        # The active prompts' weights are N0 / n_i, N0 the rows per prompt of the batch.
+        texts = call["prompts"]
+        index = torch.tensor([prompts.index(text) for text in texts])
+        expected = sera_opt.maxrl_advantages(
+            torch.tensor(call["rewards"], dtype=torch.float32), index,
+            mean_count=float(NUM_GENERATIONS))
+        torch.testing.assert_close(advantages, expected.to(advantages.dtype))
+    assert saw_zero, "the planner should switch prompt 3 off"
+    logged = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert all("sera/active_fraction" in entry for entry in logged)
+    assert min(entry["sera/active_fraction"] for entry in logged) < 1.0
+    assert any(entry["sera/switched_off_too_easy"] >= 1 for entry in logged)
+
+
+def test_the_trainer_ends_the_planners_epoch_at_each_pass(tmp_path, tokenizer, prompts):
+    planner = sera_opt.RolloutPlanner.paper_sera()
+    trainer = SeraGRPOTrainer(
+        model=build_tiny_model(tokenizer),
+        reward_funcs=copy_digit_reward,
+        args=_config(tmp_path, max_steps=-1, num_train_epochs=2),
+        train_dataset=_dataset(prompts),
+        processing_class=tokenizer,
+        planner=planner,
+        rounds=1,
+    )
+    trainer.train()
+    assert planner.tracker.epoch == 2
+    first = trainer.sera_history[0]
+    assert first["allocated_counts"] == [NUM_GENERATIONS] * NUM_PROMPTS  # cold start
