@@ -3,6 +3,7 @@
 ``sera-opt allocate``  allocate a budget over prompts read from CSV, JSON, .npy or stdin
 ``sera-opt bench NAME``  run a benchmark or experiment (solvers, estimator, alignment, ...)
 ``sera-opt demo``  the quick alignment comparison on scikit-learn's digits
+``sera-opt replay RECORD``  replay a recorded run under allocation policies (docs/replay.md)
 ``sera-opt cache [info|clear]``  where the compiled kernels are cached, whether they are there; remove them
 ``sera-opt --version``  the versions, and where the kernel cache is
 

@@ -20,7 +20,8 @@ from .options import build_policy
 from .sources import read_success_probs
 
 BENCHMARKS = ("solvers", "estimator", "tracking", "rounds", "first-use", "default-path",
-              "trl-rounds", "alignment", "maze", "arithmetic", "trl-coverage", "device")
+              "trl-rounds", "alignment", "maze", "arithmetic", "trl-coverage", "device",
+              "replay")
 
 
 # The benchmarks' default --out (benchmarks/_harness.DEFAULT_OUT; a test keeps the two
@@ -207,6 +208,16 @@ def cmd_bench(args, rest) -> int:
     module = import_module(f"sera_opt.benchmarks.{args.name.replace('-', '_')}")
     with _OneLineErrors():
         return int(module.main(rest) or 0)
+
+
+def cmd_replay(args, rest) -> int:
+    """``sera-opt replay RECORD ...``: the replay's report (sera_opt.benchmarks.replay)."""
+    if not _wants_help(rest):
+        out = _out_option(rest)
+        _check_results_folder(BENCH_DEFAULT_OUT if out is None else out, "sera-opt replay")
+    module = import_module("sera_opt.benchmarks.replay")
+    with _OneLineErrors():
+        return int(module.replay_main(rest) or 0)
 
 
 def cmd_demo(args, rest) -> int:

@@ -10,7 +10,15 @@ import sys
 from ..exceptions import SeraOptError, SeraOptWarning
 from ..policies import available_policies
 from ..solvers import available_solvers
-from .commands import BENCHMARKS, cmd_allocate, cmd_bench, cmd_cache, cmd_demo, version_text
+from .commands import (
+    BENCHMARKS,
+    cmd_allocate,
+    cmd_bench,
+    cmd_cache,
+    cmd_demo,
+    cmd_replay,
+    version_text,
+)
 from .errors import Parser, exit_status, one_line, report_unexpected, stderr
 from .options import whole_number
 
@@ -94,6 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("demo", help="quick alignment comparison on scikit-learn's digits",
                    add_help=False)
 
+    sub.add_parser("replay", help="replay a recorded run (verl's rollout dump, or a table of "
+                                  "step, prompt_id, reward) under allocation policies; "
+                                  "`sera-opt replay --help` for its options",
+                   add_help=False)
+
     c = sub.add_parser(
         "cache", help="where the compiled kernels are cached and whether they are there; "
                       "`cache clear` removes them",
@@ -121,6 +134,8 @@ def main(argv=None) -> int:
             return cmd_allocate(args)
         if args.command == "bench":
             return cmd_bench(args, rest)
+        if args.command == "replay":
+            return cmd_replay(args, rest)
         if args.command == "cache":
             if rest:
                 parser.error(f"unrecognized arguments: {' '.join(rest)}")
