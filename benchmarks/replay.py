@@ -160,9 +160,9 @@ def format_report(result: ReplayResult, summary: dict[str, Any]) -> str:
         FIRST_ORDER_NOTE,
         f"record: {run.source or '(in memory)'} ({run.format}): {run.describe()}",
         f"epochs: {run.epoch_source}",
-        f"bounds: {settings.describe()}",
-        f"estimate of p: {ESTIMATE_OF_P} (a0, b0 = {settings.prior[0]:g}, "
-        f"{settings.prior[1]:g})",
+        f"bounds: {settings.describe(result.prior)}",
+        f"estimate of p: {ESTIMATE_OF_P} (a0, b0 = {result.prior[0]:.3g}, "
+        f"{result.prior[1]:.3g})",
         f"intervals: {level}, moving-block bootstrap over steps (blocks of {first['block']} "
         f"steps)",
     ]
@@ -185,6 +185,10 @@ def format_report(result: ReplayResult, summary: dict[str, Any]) -> str:
             hard = float(np.mean(result.scores[arm]["too_hard"]))
             lines.append(f"  active set: {easy:.1f} prompts per step switched off as too easy, "
                          f"{hard:.1f} as too hard (means over steps)")
+    check = result.calibration
+    lines += ["", f"check of the estimate: at the recorded counts, {check['expected']:.2f} "
+                  f"prompts per step are expected to have a mixed group and "
+                  f"{check['realized']:.2f} had one in the record"]
     lines += ["", f"replayed {run.num_steps} steps for {len(result.arms)} arms in "
                   f"{result.wall_time_s:.1f} s"]
     return "\n".join(lines)
@@ -198,13 +202,16 @@ def _payload(result: ReplayResult, summary: dict[str, Any]) -> dict[str, Any]:
                    "prompts": len(run.prompt_keys), "rollouts": run.num_rollouts,
                    "epochs": run.num_epochs, "epoch_rule": run.epoch_source},
         "settings": {"offset": s.offset, "min_rollouts": s.min_rollouts,
-                     "max_rollouts": f"ceil({s.max_ratio:g} * B / M)", "prior": list(s.prior),
-                     "feed": s.feed, "seed": s.seed, "described": s.describe()},
+                     "max_rollouts": f"ceil({s.max_ratio:g} * B / M)",
+                     "prior": s.prior if isinstance(s.prior, str) else list(s.prior),
+                     "prior_used": list(result.prior), "feed": s.feed, "seed": s.seed,
+                     "described": s.describe(result.prior)},
         "estimate_of_p": ESTIMATE_OF_P,
         "scores": SCORE_NAMES,
         "baseline": _baseline(result),
         "arms": list(result.arms),
         "summary": summary,
+        "calibration": result.calibration,
         "per_step": {"step": result.steps, "epoch": result.epochs,
                      **{arm: result.scores[arm] for arm in result.arms}},
         "wall_time_s": result.wall_time_s,
@@ -246,11 +253,14 @@ def plot_replay(result: ReplayResult, out: Path, name: str = NAME) -> Path:
     return _harness.save_figure(fig, out, name)
 
 
-def _prior(text: str) -> tuple[float, float]:
+def _prior(text: str) -> tuple[float, float] | str:
+    if text == "fit":
+        return text
     try:
         a, b = (float(x) for x in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"a prior is 'a,b' (two numbers), got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"a prior is 'fit' or 'a,b' (two numbers), got "
+                                         f"{text!r}") from None
     if not (math.isfinite(a) and math.isfinite(b) and a > 0 and b > 0):
         raise argparse.ArgumentTypeError(f"a Beta prior needs a, b > 0, got {text!r}")
     return a, b
@@ -273,8 +283,10 @@ def build_replay_parser() -> argparse.ArgumentParser:
     parser.add_argument("--id-field", default=None,
                         help="verl dumps: the line field holding the prompt's id (default: "
                              "the prompt text, 'input')")
-    parser.add_argument("--prior", type=_prior, default=(1.0, 1.0), metavar="A,B",
-                        help="the Beta prior the step's outcomes are shrunk with (default 1,1)")
+    parser.add_argument("--prior", type=_prior, default="fit", metavar="fit|A,B",
+                        help="the Beta prior the step's outcomes are shrunk with: 'fit' (the "
+                             "run's own, the Beta-Binomial maximum likelihood; default) or A,B (1,1 is "
+                             "Laplace's rule)")
     parser.add_argument("--feed", choices=FEEDS, default="own",
                         help="what each arm's tracker observes: its own draws (a prefix of the "
                              "record, default) or every recorded outcome")

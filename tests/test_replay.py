@@ -109,7 +109,9 @@ def test_a_replay_of_two_steps_is_the_direct_computation(tmp_path):
     run = read_record(path)
     assert [s.counts.tolist() for s in run.steps] == [[4, 4], [4, 4]]
     assert [s.successes.tolist() for s in run.steps] == [[2, 0], [4, 1]]
-    result = replay(run, {"uniform": _planner(), "fair": _planner("sera-fair", alpha=1.0)})
+    result = replay(run, {"uniform": _planner(), "fair": _planner("sera-fair", alpha=1.0)},
+                    ReplaySettings(prior=(1.0, 1.0)))
+    assert result.prior == (1.0, 1.0)
     # uniform: 4 each; step 2 by hand: A Beta(5, 1), C Beta(2, 4)
     mixed = (1 - _tail(5, 1, 4, success=False) - _tail(5, 1, 4, success=True)
              + 1 - _tail(2, 4, 4, success=False) - _tail(2, 4, 4, success=True))
@@ -324,6 +326,37 @@ def test_a_step_below_the_common_minimum_is_refused():
         replay(run, {"uniform": _planner()})
 
 
+def test_the_fitted_prior_makes_the_recorded_arm_match_what_it_realized():
+    """With the run's own prior, uniform's expected mixed groups (at the recorded counts)
+    match the groups the record shows mixed, up to Monte Carlo noise; Laplace's prior
+    overstates them on a run with many all-failure groups."""
+    rng = np.random.default_rng(5)
+    a, b, prompts, rollouts, steps = 0.4, 1.2, 64, 8, 200
+    p = rng.beta(a, b, (steps, prompts))
+    rewards = (rng.random((steps, prompts, rollouts)) < p[..., None]).astype(np.int8)
+    ids = np.tile(np.repeat(np.arange(prompts), rollouts), steps) + np.repeat(
+        np.arange(steps) * prompts, prompts * rollouts)  # fresh prompts: independent p
+    run = RecordedRun.from_rollouts(np.repeat(np.arange(steps), prompts * rollouts),
+                                    ids.tolist(), rewards.ravel())
+    fitted = ReplaySettings().prior_of(run)
+    assert fitted[0] / sum(fitted) == pytest.approx(a / (a + b), abs=0.02)
+    assert sum(fitted) == pytest.approx(a + b, rel=0.25)
+    k = rewards.sum(axis=2)
+    realized = np.mean(np.sum((k > 0) & (k < rollouts), axis=1))
+    sd = np.std(np.sum((k > 0) & (k < rollouts), axis=1)) / np.sqrt(steps)
+    own = replay(run, {"uniform": _planner()}).scores["uniform"]["mixed_prompts"].mean()
+    assert abs(own - realized) < 4 * sd + 0.3, (own, realized, sd)
+    laplace = replay(run, {"uniform": _planner()}, ReplaySettings(prior=(1.0, 1.0)))
+    assert laplace.scores["uniform"]["mixed_prompts"].mean() > realized + 10 * sd
+
+
+def test_bad_settings_are_refused():
+    for bad in ({"prior": "flat"}, {"prior": (0.0, 1.0)}, {"feed": "all"},
+                {"min_rollouts": 1}, {"max_ratio": 0.5}):
+        with pytest.raises(sera_opt.SeraOptError):
+            ReplaySettings(**bad).check()
+
+
 # ------------------------------------------------------------------ the summary
 
 
@@ -347,3 +380,75 @@ def test_the_summary_pairs_each_arm_with_uniform():
                      - result.scores["uniform"]["mixed_prompts"])
     assert diff["mean"] == pytest.approx(direct)
     assert "mixed_prompts_minus_uniform" not in summary["uniform"]
+
+
+# ------------------------------------------------------------------ the command
+
+
+def test_sera_opt_replay_end_to_end(tmp_path, capsys):
+    from sera_opt.cli import main
+
+    folder = _dump(_drawn_run(steps=16), tmp_path / "dump")
+    out = tmp_path / "out"
+    status = main(["replay", str(folder), "--arms", "uniform,sera-paper,sera-fair:alpha=1",
+                   "--out", str(out), "--no-progress"])
+    text = capsys.readouterr().out
+    assert status == 0
+    assert text.splitlines()[0].startswith("The replay measures the first-order effect only")
+    assert "at most ceil(4 x B / M)" in text and "offset 1, at least 2" in text
+    payload = json.loads((out / "replay.json").read_text())
+    assert payload["arms"] == ["uniform", "sera-paper", "sera-fair:alpha=1"]
+    assert payload["record"]["format"] == "verl" and payload["record"]["steps"] == 16
+    assert len(payload["per_step"]["sera-paper"]["mixed_prompts"]) == 16
+    assert "mixed_prompts_minus_uniform" in payload["summary"]["sera-paper"]
+    assert (out / "replay.png").stat().st_size > 0
+
+
+def test_sera_opt_replay_reports_a_malformed_record_in_one_line(tmp_path, capsys):
+    from sera_opt.cli import main
+
+    path = tmp_path / "run.csv"
+    path.write_text("step,prompt_id,reward\n2,a,1\n1,a,0\n")
+    status = main(["replay", str(path), "--arms", "uniform", "--out", str(tmp_path / "out"),
+                   "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert status == 2
+    assert err.count("\n") == 0 and "run.csv, line 3: field 'step' is 1 after step 2" in err
+
+
+def test_arms_that_the_replay_cannot_run_are_refused(tmp_path, capsys):
+    from sera_opt.cli import main
+
+    folder = _dump(_drawn_run(steps=2), tmp_path / "dump")
+    for arm, words in (("uniform:rounds=2", "draws in rounds"),
+                       ("sera:max_ratio=2", "max_ratio is the replay's"),
+                       ("reinforce-ada", "draws in rounds"), ("nonsense", "unknown policy")):
+        status = main(["replay", str(folder), "--arms", arm, "--out", str(tmp_path),
+                       "--no-progress", "--no-plot"])
+        assert status == 2 and words in capsys.readouterr().err, arm
+
+
+def test_the_sera_paper_arm_is_the_authors_planner_told_each_epoch():
+    from sera_opt.benchmarks.replay import build_planners
+
+    planners = build_planners("uniform,sera-paper", ReplaySettings())
+    paper = planners["sera-paper"]
+    assert paper.policy.name == "sera-paper"
+    assert type(paper.tracker).__name__ == "EpochTracker"
+    told = []
+    end_epoch = paper.end_epoch
+
+    def counted():  # the replay tells it at each boundary
+        told.append(True)
+        return end_epoch()
+
+    paper.end_epoch = counted
+    run = _drawn_run(steps=12, prompts=8, pool=24)  # 3 steps per pass: 4 epochs
+    result = replay(run, planners)
+    assert len(told) == run.num_epochs - 1 == 3
+    assert result.has_active_set["sera-paper"] and not result.has_active_set["uniform"]
+    counts = np.array(result.counts["sera-paper"])
+    assert np.all(counts.sum(axis=1) == 32)
+    assert np.all((counts == 0) | (counts >= 2))
+    active = result.scores["sera-paper"]["active_prompts"]
+    assert np.array_equal(active, (counts > 0).sum(axis=1))

@@ -34,7 +34,14 @@ import numpy as np
 
 from ..exceptions import SeraOptError, SeraOptWarning
 from .records import RecordedRun
-from .scores import DEFAULT_PRIOR, SCORE_NAMES, beta_tail_moments, score_counts, summarize
+from .scores import (
+    DEFAULT_PRIOR,
+    SCORE_NAMES,
+    beta_tail_moments,
+    fit_prior,
+    score_counts,
+    summarize,
+)
 
 __all__ = ["FIRST_ORDER_NOTE", "ReplaySettings", "ReplayResult", "replay", "FEEDS"]
 
@@ -52,7 +59,7 @@ class ReplaySettings:
     offset: int = 1
     min_rollouts: int = 2
     max_ratio: float = 4.0
-    prior: tuple[float, float] = DEFAULT_PRIOR
+    prior: tuple[float, float] | str = DEFAULT_PRIOR
     feed: str = "own"
     seed: int = 0
 
@@ -65,9 +72,18 @@ class ReplaySettings:
         if not (math.isfinite(self.max_ratio) and self.max_ratio >= 1):
             raise SeraOptError(f"max_ratio must be a finite number >= 1, got "
                                f"{self.max_ratio!r}.")
-        a, b = self.prior
-        if not (math.isfinite(a) and math.isfinite(b) and a > 0 and b > 0):
-            raise SeraOptError(f"the prior is Beta(a, b) with a, b > 0, got {self.prior!r}.")
+        if isinstance(self.prior, str):
+            if self.prior != "fit":
+                raise SeraOptError(f"the prior is 'fit' (the run's own) or a pair (a, b) with "
+                                   f"a, b > 0, got {self.prior!r}.")
+        else:
+            try:
+                a, b = (float(x) for x in self.prior)
+            except (TypeError, ValueError):
+                a = b = math.nan
+            if not (math.isfinite(a) and math.isfinite(b) and a > 0 and b > 0):
+                raise SeraOptError(f"the prior is 'fit' (the run's own) or a pair (a, b) with "
+                                   f"a, b > 0, got {self.prior!r}.")
         if self.feed not in FEEDS:
             raise SeraOptError(f"feed is one of {', '.join(FEEDS)}, got {self.feed!r}.")
         return self
@@ -76,12 +92,26 @@ class ReplaySettings:
         """The common cap: ``ceil(max_ratio * B / M)``, at least the minimum."""
         return max(self.min_rollouts, math.ceil(self.max_ratio * budget / num_prompts - 1e-9))
 
-    def describe(self) -> str:
+    def prior_of(self, run: RecordedRun) -> tuple[float, float]:
+        """The prior's (a0, b0) for ``run``: fitted to it (:func:`fit_prior`) or given."""
+        if isinstance(self.prior, str):
+            return fit_prior(np.concatenate([s.successes for s in run.steps]),
+                             np.concatenate([s.counts for s in run.steps]))
         a, b = self.prior
+        return float(a), float(b)
+
+    def describe(self, prior: tuple[float, float] | None = None) -> str:
+        """The settings in words (``prior``: the (a0, b0) in use, e.g. the fitted one)."""
+        own = isinstance(self.prior, str)
+        if prior is None:
+            words = "the run's own prior" if own else f"a Beta{tuple(self.prior)} prior"
+        else:
+            kind = "the run's own" if own else "a"
+            words = f"{kind} Beta({prior[0]:.3g}, {prior[1]:.3g}) prior"
         return (f"every arm: offset {self.offset}, at least {self.min_rollouts} rollouts per "
                 f"prompt given any, at most ceil({self.max_ratio:g} x B / M) (B the step's "
                 f"recorded rollouts, M its prompts); evidence of p: the step's outcomes under "
-                f"a Beta({a:g}, {b:g}) prior; trackers fed "
+                f"{words}; trackers fed "
                 + ("the arm's own draws (a prefix of the record, the posterior beyond it)"
                    if self.feed == "own" else "every recorded outcome"))
 
@@ -114,6 +144,11 @@ class ReplayResult:
     scores: dict[str, dict[str, np.ndarray]]
     counts: dict[str, list[np.ndarray]]
     has_active_set: dict[str, bool]
+    prior: tuple[float, float] = (1.0, 1.0)
+    #: The estimate's check on the record itself: the prompts per step expected to have a
+    #: mixed group at the recorded counts, and those the record shows mixed (means over
+    #: steps).
+    calibration: dict[str, float] = field(default_factory=dict)
     wall_time_s: float = 0.0
     notes: list[str] = field(default_factory=list)
 
@@ -126,12 +161,6 @@ class ReplayResult:
                          resamples=resamples, seed=seed)
 
 
-def _end_epoch(planner) -> None:
-    end = getattr(planner, "end_epoch", None)
-    if end is not None:
-        end()
-
-
 def replay(run: RecordedRun, planners: Mapping[str, Any], settings: ReplaySettings | None = None,
            *, progress: Callable | None = None) -> ReplayResult:
     """Replay ``run`` for each planner of ``planners`` (label -> a fresh
@@ -142,7 +171,9 @@ def replay(run: RecordedRun, planners: Mapping[str, Any], settings: ReplaySettin
     run : RecordedRun
         From :func:`~sera_opt.replay.read_record` or :meth:`RecordedRun.from_rollouts`.
     planners : mapping of str to RolloutPlanner
-        One per arm; each is used (planned and fed) by the replay alone.
+        One per arm; each is used (planned, fed and told of epochs) by the replay alone.
+        Anything with the planner's ``plan(ids, budget, max_rollouts=)``,
+        ``observe(ids, rewards)`` and ``end_epoch()`` will do.
     settings : ReplaySettings, optional
         The bounds, the offset, the prior and the feed every arm shares.
     progress : callable, optional
@@ -157,7 +188,7 @@ def replay(run: RecordedRun, planners: Mapping[str, Any], settings: ReplaySettin
         raise SeraOptError("replay needs at least one arm.")
     arms = tuple(planners)
     rng = np.random.default_rng(settings.seed)
-    a0, b0 = settings.prior
+    a0, b0 = settings.prior_of(run)
     names = (*SCORE_NAMES, "mixed_sd", "too_easy", "too_hard")
     t = run.num_steps
     scores = {arm: {name: np.zeros(t) for name in names} for arm in arms}
@@ -165,6 +196,7 @@ def replay(run: RecordedRun, planners: Mapping[str, Any], settings: ReplaySettin
     has_active = dict.fromkeys(arms, False)
     steps = np.array([s.step for s in run.steps], dtype=np.int64)
     epochs = np.array([s.epoch for s in run.steps], dtype=np.int64)
+    expected_mixed, realized_mixed = np.zeros(t), np.zeros(t)
     start = time.perf_counter()
     loop = enumerate(run.steps)
     if progress is not None:
@@ -184,11 +216,15 @@ def replay(run: RecordedRun, planners: Mapping[str, Any], settings: ReplaySettin
         fail, win = beta_tail_moments(alpha, beta, top)
         group_start = np.concatenate([[0], np.cumsum(step.counts)[:-1]])
         position = np.arange(step.budget) - np.repeat(group_start, step.counts)
+        recorded = score_counts(step.counts, fail, win, offset=settings.offset)
+        expected_mixed[index] = recorded.mixed_prompts
+        realized_mixed[index] = np.count_nonzero((step.successes > 0)
+                                                 & (step.successes < step.counts))
         ids = step.prompts
         recorded_ids = np.repeat(ids, step.counts)
         for arm, planner in planners.items():
             if index and step.epoch != run.steps[index - 1].epoch:
-                _end_epoch(planner)
+                planner.end_epoch()
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("error", SeraOptWarning)
@@ -226,4 +262,7 @@ def replay(run: RecordedRun, planners: Mapping[str, Any], settings: ReplaySettin
                 planner.observe(rollout_ids, np.concatenate(fed))
     return ReplayResult(run=run, settings=settings, arms=arms, steps=steps, epochs=epochs,
                         scores=scores, counts=counts, has_active_set=has_active,
+                        prior=(a0, b0),
+                        calibration={"expected": float(expected_mixed.mean()),
+                                     "realized": float(realized_mixed.mean())},
                         wall_time_s=time.perf_counter() - start)

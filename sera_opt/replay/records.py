@@ -309,7 +309,24 @@ def read_verl_dump(folder, *, id_field: str | None = None, progress: Callable | 
     steps, ids, rewards = [], [], []
     wrapped = files if progress is None else progress(files, total=len(files),
                                                       desc="reading steps")
-    for number, path in wrapped:
+    try:
+        _read_verl_files(wrapped, key_field, steps, ids, rewards)
+    finally:
+        _close(wrapped)
+    return RecordedRun.from_rollouts(steps, ids, np.asarray(rewards, dtype=np.int8),
+                                     source=str(folder), format="verl")
+
+
+def _close(bar) -> None:
+    """Close a progress bar, also when reading stopped at an error (its line is cleared
+    before the error is printed)."""
+    close = getattr(bar, "close", None)
+    if close is not None:
+        close()
+
+
+def _read_verl_files(files, key_field: str, steps: list, ids: list, rewards: list) -> None:
+    for number, path in files:
         name = str(path)
         count = 0
         with open(path, encoding="utf-8") as fh:
@@ -342,8 +359,6 @@ def read_verl_dump(folder, *, id_field: str | None = None, progress: Callable | 
         if count == 0:
             raise RecordError(f"{name}: the file is empty; every step's file holds its "
                               f"rollouts, one per line.")
-    return RecordedRun.from_rollouts(steps, ids, np.asarray(rewards, dtype=np.int8),
-                                     source=str(folder), format="verl")
 
 
 def _rows_csv(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -424,29 +439,32 @@ def read_table(path, *, progress: Callable | None = None) -> RecordedRun:
     wrapped: Iterable = rows(path)
     if progress is not None:
         wrapped = progress(wrapped, total=None, desc="reading rollouts")
-    for line, entry in wrapped:
-        where = f"{path}, {label} {line}"
-        for field in PLAIN_FIELDS:
-            if field not in entry or entry[field] is None or entry[field] == "":
-                raise RecordError(f"{where}: field {field!r} is missing.")
-        if has_epoch is None:
-            has_epoch = entry.get("epoch") not in (None, "")
-        if has_epoch:
-            if entry.get("epoch") in (None, ""):
-                raise RecordError(f"{where}: field 'epoch' is missing (earlier rows give it; "
-                                  f"give it on every row or on none).")
-            epochs.append(_whole(entry["epoch"], where, "epoch"))
-        elif entry.get("epoch") not in (None, ""):
-            raise RecordError(f"{where}: field 'epoch' is given, but earlier rows have none; "
-                              f"give it on every row or on none.")
-        steps.append(_whole(entry["step"], where, "step"))
-        key = entry["prompt_id"]
-        if isinstance(key, bool) or not isinstance(key, (str, int, float)):
-            raise RecordError(f"{where}: field 'prompt_id' is {key!r}; a prompt id is text or a "
-                              f"number.")
-        ids.append(key)
-        rewards.append(_reward(entry["reward"], where, "reward"))
-        lines.append(line)
+    try:
+        for line, entry in wrapped:
+            where = f"{path}, {label} {line}"
+            for field in PLAIN_FIELDS:
+                if field not in entry or entry[field] is None or entry[field] == "":
+                    raise RecordError(f"{where}: field {field!r} is missing.")
+            if has_epoch is None:
+                has_epoch = entry.get("epoch") not in (None, "")
+            if has_epoch:
+                if entry.get("epoch") in (None, ""):
+                    raise RecordError(f"{where}: field 'epoch' is missing (earlier rows give it; "
+                                      f"give it on every row or on none).")
+                epochs.append(_whole(entry["epoch"], where, "epoch"))
+            elif entry.get("epoch") not in (None, ""):
+                raise RecordError(f"{where}: field 'epoch' is given, but earlier rows have none; "
+                                  f"give it on every row or on none.")
+            steps.append(_whole(entry["step"], where, "step"))
+            key = entry["prompt_id"]
+            if isinstance(key, bool) or not isinstance(key, (str, int, float)):
+                raise RecordError(f"{where}: field 'prompt_id' is {key!r}; a prompt id is text or a "
+                                  f"number.")
+            ids.append(key)
+            rewards.append(_reward(entry["reward"], where, "reward"))
+            lines.append(line)
+    finally:
+        _close(wrapped)
     if not steps:
         raise RecordError(f"{path}: the file is empty (no rollouts); the plain schema has one "
                           f"row per rollout with {', '.join(PLAIN_FIELDS)}[, epoch].")

@@ -1,9 +1,12 @@
 """How an arm's counts for a recorded step are scored against the step's outcomes.
 
 The record is the step's evidence of each prompt's success probability: prompt i drew
-n_i rollouts with K_i successes, and under a Beta(a0, b0) prior (default Beta(1, 1),
-Laplace's rule of succession, the batch view of ``sera_opt.advantage_diagnostics``)
-p_i ~ Beta(a0 + K_i, b0 + n_i - K_i). Every score is an expectation over that posterior,
+n_i rollouts with K_i successes, and under a Beta(a0, b0) prior p_i ~ Beta(a0 + K_i,
+b0 + n_i - K_i). The default prior is the run's own (:func:`fit_prior`, the maximum of
+the Beta-Binomial likelihood over every prompt and step of the record), so that the recorded arm's expected
+scores match what it realized on average; Beta(1, 1) (Laplace's rule, the batch view of
+``sera_opt.advantage_diagnostics``) is one option away, and shrinks an all-failure group
+of 8 to a 47 % chance of a mixed group in a fresh one. Every score is an expectation over that posterior,
 so the uncertainty of p from n_i rollouts is carried through, not plugged in. With the
 arm's count m for the prompt and the estimator's offset c:
 
@@ -27,11 +30,13 @@ import numpy as np
 
 from ..exceptions import SeraOptError
 
-__all__ = ["DEFAULT_PRIOR", "beta_tail_moments", "StepScores", "score_counts",
+__all__ = ["DEFAULT_PRIOR", "fit_prior", "beta_tail_moments", "StepScores", "score_counts",
            "SCORE_NAMES", "block_bootstrap_interval", "summarize"]
 
-#: The prior the step's outcomes are shrunk with: Beta(1, 1).
-DEFAULT_PRIOR = (1.0, 1.0)
+#: The prior the step's outcomes are shrunk with by default: the run's own.
+DEFAULT_PRIOR = "fit"
+#: The bounds of the fitted prior's strength a0 + b0 (in rollouts).
+PRIOR_STRENGTH = (0.2, 1000.0)
 
 #: Per-step scores, in the order of the report's table, with their meaning.
 SCORE_NAMES = {
@@ -43,6 +48,60 @@ SCORE_NAMES = {
     "no_signal_rollouts": "expected rollouts in groups without a signal (all 0 or all 1)",
     "active_prompts": "prompts given rollouts",
 }
+
+
+def _beta_binomial_loglik(pairs_k, pairs_n, weights, a, b) -> np.ndarray:
+    """Log-likelihood of the (K, n) pairs (each ``weights`` times) under Beta-Binomial
+    (a, b), without the binomial coefficients, for arrays ``a``, ``b`` of one shape."""
+    top = int(pairs_n.max())
+    j = np.arange(top, dtype=np.float64)
+    a = np.asarray(a, dtype=np.float64)[..., None]
+    b = np.asarray(b, dtype=np.float64)[..., None]
+    zero = np.zeros(a.shape[:-1] + (1,))
+    # cum_x[..., m] = sum_{j < m} log(x + j)
+    cum_a = np.concatenate([zero, np.cumsum(np.log(a + j), axis=-1)], axis=-1)
+    cum_b = np.concatenate([zero, np.cumsum(np.log(b + j), axis=-1)], axis=-1)
+    cum_ab = np.concatenate([zero, np.cumsum(np.log(a + b + j), axis=-1)], axis=-1)
+    terms = cum_a[..., pairs_k] + cum_b[..., pairs_n - pairs_k] - cum_ab[..., pairs_n]
+    return terms @ weights
+
+
+def fit_prior(successes, counts) -> tuple[float, float]:
+    """The Beta(a0, b0) prior of a run: the maximum of the Beta-Binomial likelihood of
+    its ``(K, n)`` pairs, one per prompt and step (empirical Bayes).
+
+    The likelihood is maximized over the prior's mean (on the logit scale) and its
+    strength ``a0 + b0`` (on the log scale, within :data:`PRIOR_STRENGTH`) by a grid
+    search refined twice around its best point. Matching the whole distribution of K,
+    not only its mean and variance, is what makes the fitted prior reproduce the
+    run's share of all-failure and all-success groups, on which the chance of a
+    mixed group turns.
+    """
+    k = np.asarray(successes, dtype=np.int64)
+    n = np.asarray(counts, dtype=np.int64)
+    keep = n > 0
+    k, n = k[keep], n[keep]
+    if n.size == 0:
+        raise SeraOptError("a prior is fitted from at least one prompt with rollouts.")
+    pairs, weights = np.unique(np.stack([k, n], axis=1), axis=0, return_counts=True)
+    pk, pn, w = pairs[:, 0], pairs[:, 1], weights.astype(np.float64)
+    mean = (k.sum() + 0.5) / (n.sum() + 1.0)
+    centre = np.array([math.log(mean / (1.0 - mean)), 0.0])
+    half = np.array([8.0, 0.5 * math.log(PRIOR_STRENGTH[1] / PRIOR_STRENGTH[0])])
+    centre[1] = math.log(PRIOR_STRENGTH[0]) + half[1]
+    low, high = (math.log(x) for x in PRIOR_STRENGTH)
+    for _ in range(3):
+        logit = centre[0] + np.linspace(-half[0], half[0], 41)
+        log_strength = np.clip(centre[1] + np.linspace(-half[1], half[1], 41), low, high)
+        mu = 1.0 / (1.0 + np.exp(-logit))[:, None]
+        strength = np.exp(log_strength)[None, :]
+        loglik = _beta_binomial_loglik(pk, pn, w, mu * strength, (1.0 - mu) * strength)
+        i, j = np.unravel_index(int(np.argmax(loglik)), loglik.shape)
+        centre = np.array([logit[i], log_strength[j]])
+        half = half / 8.0
+    mu = 1.0 / (1.0 + math.exp(-centre[0]))
+    strength = math.exp(centre[1])
+    return mu * strength, (1.0 - mu) * strength
 
 
 def beta_tail_moments(alpha, beta, max_count: int) -> tuple[np.ndarray, np.ndarray]:
