@@ -76,10 +76,10 @@ def build_planner(spec: _harness.ArmSpec, settings: ReplaySettings, *,
     """The planner of one arm: the arm's policy with the replay's offset and minimum
     (the cap is passed per step, ``ceil(max_ratio * B / M)``, the same for every arm).
 
-    ``sera-paper`` is the authors' whole configuration (:meth:`RolloutPlanner.paper_sera`,
-    its epoch tracker included). Other arms get a fresh ``SuccessTracker()``, or, with
-    ``tracker_decay``, ``SuccessTracker(decay=tracker_decay)`` for every arm, ``sera-paper``
-    too (the experiments' tracker, for comparing with their runs).
+    ``sera-paper`` is the authors' whole configuration (:meth:`RolloutPlanner.paper_sera`
+    with the arm's options, its epoch tracker included), as the experiments run it. Other
+    arms get a fresh ``SuccessTracker()``, or ``SuccessTracker(decay=tracker_decay)`` (the
+    experiments' forgetting tracker, for comparing with their runs).
     """
     import sera_opt
 
@@ -91,16 +91,20 @@ def build_planner(spec: _harness.ArmSpec, settings: ReplaySettings, *,
         raise _harness.ArmSpecError(
             f"arm {spec.label!r}: max_ratio is the replay's for every arm alike "
             f"({settings.max_ratio:g} x the step's average count); drop it from the arm.")
-    tracker = None if tracker_decay is None else sera_opt.SuccessTracker(decay=tracker_decay)
-    if spec.policy == "sera-paper" and not spec.options and tracker is None:
-        planner = sera_opt.RolloutPlanner.paper_sera()
+    if spec.policy == "sera-paper":
+        try:
+            planner = sera_opt.RolloutPlanner.paper_sera(**spec.kwargs)
+        except (SeraOptError, TypeError, ValueError) as exc:
+            words = " ".join(str(exc).split())
+            raise _harness.ArmSpecError(f"arm {spec.label!r}: {words}") from None
         policy = planner.policy
         if (policy.offset, policy.min_rollouts) != (settings.offset, settings.min_rollouts):
             raise _harness.ArmSpecError(
-                f"arm 'sera-paper' has offset {policy.offset} and minimum "
+                f"arm {spec.label!r} has offset {policy.offset} and minimum "
                 f"{policy.min_rollouts}; the replay's are {settings.offset} and "
                 f"{settings.min_rollouts}.")
         return planner
+    tracker = None if tracker_decay is None else sera_opt.SuccessTracker(decay=tracker_decay)
     policy = spec.build(min_rollouts=settings.min_rollouts, max_rollouts=None,
                         offset=settings.offset)
     return sera_opt.RolloutPlanner(policy, tracker=tracker)
@@ -449,8 +453,9 @@ def record_sample(out: Path, *, arms: str, seeds: int, preset: str, show_progres
                          for a, v in measured.items()}})
     return {"preset": preset, "arms": list(labels), "seeds": seeds,
             "prompts_per_step": cfg.prompts_per_step, "steps": cfg.rl_steps,
-            "tracker": f"SuccessTracker(decay={cfg.tracker_decay}) for every arm, as in "
-                       f"the experiment", "rows": rows}
+            "tracker": f"sera-paper: the authors' epoch tracker; the other arms: "
+                       f"SuccessTracker(decay={cfg.tracker_decay}), as in the experiment",
+            "rows": rows}
 
 
 def _sample_table(sample: dict[str, Any]) -> str:
