@@ -47,7 +47,8 @@ from typing import Any
 
 import numpy as np
 
-from sera_opt.benchmarks import _harness
+from sera_opt.benchmarks import _coverage, _harness
+from sera_opt.benchmarks._cost import cost_per_step
 from sera_opt.benchmarks.arithmetic.train import (
     PRESETS,
     ExperimentConfig,
@@ -111,7 +112,47 @@ def _summary(cfg: ExperimentConfig, runs: list[dict]) -> dict[str, Any]:
         {cost: getattr(cfg, field) for cost, (field, _) in COSTS.items()},
         {name: [run["policies"][name]["curves"]["at_cost"] for run in runs]
          for name in cfg.policies}, ks=_harness.INTERVAL_KS)
+    if cfg.max_k >= _coverage.REGIME["k"]:
+        summary["coverage"] = _coverage_summary(cfg, runs, curves)
     return summary
+
+
+def _coverage_summary(cfg: ExperimentConfig, runs: list[dict], curves: dict) -> dict[str, Any]:
+    """The regime check, the rule's comparisons (final step and the CPU grid's last amount
+    every run reached) and the gains by warm-start success bin (docs/decisions/
+    2026-12-07-coverage-expansion-rule.md)."""
+    regime = _coverage.regime_check(
+        [run["warm_start"]["train_success_rates"] for run in runs],
+        curves["warm_start"], curves["uniform"])
+    amounts = _harness.common_amounts(
+        cfg.cpu_grid_s, (run["policies"][name]["curves"]["at_cost"]["cpu_s"]
+                         for run in runs for name in cfg.policies))
+    at_cpu, amount = None, None
+    if amounts:
+        amount = amounts[-1]
+        at_cpu = {name: [_harness.at_cost(run["policies"][name]["curves"]["at_cost"]["cpu_s"],
+                                          amount) for run in runs] for name in cfg.policies}
+    final = {name: curves[name] for name in cfg.policies}
+    comparisons = _coverage.rule_comparisons(final, at_cpu, cpu_amount=amount)
+    gains = {name: _coverage.gains_by_bin(
+        [run["warm_start"]["correct"] for run in runs],
+        [run["policies"][name]["correct"] for run in runs],
+        [run["policies"]["uniform"]["correct"] for run in runs],
+        samples=cfg.eval_samples, k=_coverage.REGIME["k"])
+        for name in cfg.policies if name != "uniform"}
+    active = {name: _active_summary([run["policies"][name]["curves"] for run in runs])
+              for name in cfg.policies}
+    return {"regime": regime, "comparisons": comparisons, "gains_by_bin": gains,
+            "active_set": active}
+
+
+def _active_summary(records: list[dict]) -> dict[str, float]:
+    """Mean over steps and seeds of the active fraction and the forced activations."""
+    rows = [row for c in records for row in c.get("active_set", [])]
+    if not rows:
+        return {"active_fraction": 1.0, "forced": 0.0, "too_easy": 0.0, "too_hard": 0.0}
+    return {key: float(np.mean([row[key] for row in rows]))
+            for key in ("active_fraction", "forced", "too_easy", "too_hard")}
 
 
 #: The equal-cost grids: the configuration's field and the words of the tables.
@@ -122,14 +163,8 @@ COSTS = {"cpu_s": ("cpu_grid_s", "CPU seconds"), "tokens": ("token_grid", "gener
 def _cost(records: list[dict]) -> dict[str, float]:
     """What a step of the policy spends, means over its steps and seeds: CPU seconds
     (training and sampling, evaluations excluded), generated tokens, generation calls."""
-    curves = [r["curves"] for r in records]
-    return {"cpu_s_per_step": float(np.mean([c["cpu_s"][-1] / len(c["cpu_s"]) for c in curves
-                                             if c["cpu_s"]])),
-            "training_cpu_s": float(np.mean([c["cpu_s"][-1] for c in curves if c["cpu_s"]])),
-            "tokens_per_step": float(np.mean([np.mean(c["tokens"]) for c in curves
-                                              if c["tokens"]])),
-            "calls_per_step": float(np.mean([np.mean(c["generation_calls"]) for c in curves
-                                             if c["generation_calls"]]))}
+    return cost_per_step([r["curves"] for r in records],
+                         {"tokens": "tokens", "calls": "generation_calls"})
 
 
 # --------------------------------------------------------------------------- plots
@@ -327,6 +362,19 @@ def _print_table(cfg: ExperimentConfig, payload: dict) -> None:
               f"{c['calls_per_step']:5.2f}")
     print(_harness.equal_cost_table(summary["equal_cost"],
                                     {cost: words for cost, (_, words) in COSTS.items()}))
+    if "coverage" in summary:
+        print()
+        print(_coverage.format_rule(summary["coverage"]["comparisons"],
+                                    summary["coverage"]["regime"]))
+        print("active fraction / forced activations per step (means):")
+        for name, row in summary["coverage"]["active_set"].items():
+            print(f"  {name:<{width}} {row['active_fraction']:6.3f}  {row['forced']:6.2f}")
+        print(f"gains at pass@{_coverage.REGIME['k']} over uniform by the held-out prompts' "
+              "warm-start success:")
+        for name, entry in summary["coverage"]["gains_by_bin"].items():
+            print(f"  {name:<{width}} " + "  ".join(
+                f"{b} {_harness.format_interval(v['mean'], v['ci_low'], v['ci_high'])}"
+                for b, v in entry["bins"].items()))
     print(f"wall time {payload['wall_time_s']:.0f} s, CPU time {payload['cpu_time_s']:.0f} s, "
           f"on {payload['device']} ({payload['threads']} thread(s))")
 
@@ -360,7 +408,7 @@ def config_from_args(args: argparse.Namespace) -> ExperimentConfig:
     if args.seeds is not None:
         overrides["seeds"] = args.seeds
     if args.policies is not None:
-        overrides["policies"] = tuple(spec.label for spec in _harness.parse_arms(args.policies))
+        overrides["policies"] = tuple(a.label for a in _coverage.parse_loop_arms(args.policies))
     if args.rl_steps is not None:
         overrides["rl_steps"] = args.rl_steps
     if args.sft_steps is not None:

@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from sera_opt.benchmarks import _harness
+from sera_opt.benchmarks import _coverage, _harness
+from sera_opt.benchmarks._cost import StepCost
 from sera_opt.exceptions import SeraOptError
 
 __all__ = ["ExperimentConfig", "PRESETS", "build_model", "warm_start", "sample_and_verify",
@@ -80,6 +81,9 @@ class ExperimentConfig:
     call_grid: tuple[float, ...] = (100.0, 400.0)
     # 10 seeds: the number the decision rule of docs/benchmarks.md fixes
     seeds: int = 10
+    # every training prompt is visited at least this many times (0: not required); the
+    # prompts come in passes over the pool, so rl_steps * prompts_per_step must cover them
+    min_visits: int = 0
 
     @property
     def budget(self) -> int:
@@ -123,10 +127,29 @@ class ExperimentConfig:
                 raise SeraOptError(f"{name} must hold positive, increasing amounts; got {grid}.")
         if "uniform" not in self.policies:
             raise SeraOptError("policies must include 'uniform', the baseline of the comparison.")
-        # Every policy must build and allocate with these bounds before anything trains.
-        _harness.check_arms(self.policies, min_rollouts=self.min_rollouts,
-                            max_rollouts=self.max_rollouts, offset=self.offset,
-                            num_prompts=self.prompts_per_step, budget=self.budget)
+        if self.rl_steps * self.prompts_per_step < self.min_visits * self.num_train:
+            raise SeraOptError(
+                f"rl_steps={self.rl_steps} x prompts_per_step={self.prompts_per_step} visits "
+                f"fewer than min_visits={self.min_visits} x num_train={self.num_train} "
+                f"prompts; raise rl_steps to at least "
+                f"{-(-self.min_visits * self.num_train // self.prompts_per_step)}.")
+        arms = _coverage.parse_loop_arms(self.policies)
+        _coverage.check_paper_bounds(arms, rollouts_per_prompt=self.rollouts_per_prompt,
+                                     min_rollouts=self.min_rollouts,
+                                     max_rollouts=self.max_rollouts)
+        # Every policy must build and allocate with these bounds before anything trains
+        # (grpo's counts are uniform's; the authors' configuration brings its own bounds).
+        _harness.check_arms([a.label for a in arms if not a.paper and a.estimator == "maxrl"],
+                            min_rollouts=self.min_rollouts, max_rollouts=self.max_rollouts,
+                            offset=self.offset, num_prompts=self.prompts_per_step,
+                            budget=self.budget)
+        for arm in arms:
+            if arm.paper:
+                planner = _coverage.build_planner(
+                    arm, min_rollouts=self.min_rollouts, max_rollouts=self.max_rollouts,
+                    offset=self.offset, tracker_decay=self.tracker_decay)
+                planner.policy.allocate(np.linspace(0.02, 0.98, self.prompts_per_step),
+                                        self.budget)
         return self
 
     @property
@@ -152,6 +175,18 @@ PRESETS: dict[str, ExperimentConfig] = {
         max_rollouts=64, eval_samples=256, curve_every=50, curve_samples=16, seeds=5,
         cpu_grid_s=(), token_grid=(), call_grid=(),
         policies=("uniform", "sera-fair:alpha=1", "sera", "hora", "sera-bayes"),
+    ),
+    # Where training can raise coverage (issue 51): a pool of 2,000 problems visited in
+    # 11 passes (every prompt revisited 10 times), a disjoint held-out set of 1,000, the
+    # warm start stopped at 0.12 sampled success, N0 = 16 with the authors' bounds 2 and
+    # 4 N0 = 64, Adam at a constant learning rate. The arms and the rule:
+    # docs/decisions/2026-12-07-coverage-expansion-rule.md.
+    "expand": ExperimentConfig(
+        num_train=2000, num_test=1000, sft_target_success=0.12, sft_steps=3000,
+        rollouts_per_prompt=16, min_rollouts=2, max_rollouts=64, prompts_per_step=64,
+        rl_steps=344, min_visits=11, curve_every=43, curve_samples=8,
+        cpu_grid_s=(20.0, 40.0, 60.0, 80.0), token_grid=(500_000.0, 1_000_000.0),
+        call_grid=(100.0, 200.0, 300.0), seeds=16, policies=_coverage.COVERAGE_ARMS,
     ),
 }
 
@@ -319,16 +354,19 @@ def train_maxrl(model, tokenizer, cfg: ExperimentConfig, train, test, policy: st
     from sera_opt.integrations import torch_loop
 
     torch = _torch()
-    tracker = sera_opt.SuccessTracker(decay=cfg.tracker_decay, num_prompts=cfg.num_train)
-    spec = _harness.parse_arm(policy)
+    arm = _coverage.parse_loop_arm(policy)
+    # A static arm of the authors' configuration reads (0 for the others) the spec's
+    # rounds; the peer and the rounds arms keep their own paths below.
+    spec = arm.spec if arm.spec is not None else _harness.parse_arm("uniform")
+    planner = _coverage.build_planner(arm, min_rollouts=cfg.min_rollouts,
+                                      max_rollouts=cfg.max_rollouts, offset=cfg.offset,
+                                      tracker_decay=cfg.tracker_decay,
+                                      num_prompts=cfg.num_train)
+    tracker = planner.tracker
     if spec.is_reinforce_ada:
         # The peer draws by its own rule; the planner only keeps the tracker's estimates.
         rule, cap = spec.build_rule(num_prompts=cfg.prompts_per_step, budget=cfg.budget)
-        planner = sera_opt.RolloutPlanner(tracker=tracker)
-    else:
-        allocation = spec.build(
-            min_rollouts=cfg.min_rollouts, max_rollouts=cfg.max_rollouts, offset=cfg.offset)
-        planner = sera_opt.RolloutPlanner(allocation, tracker=tracker)
+    epochs = _coverage.EpochClock(cfg.num_train)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.rl_lr)
     # the prompt order depends on the seed only, so every policy sees the same batches
     order_rng = np.random.default_rng([seed, 23])
@@ -349,11 +387,6 @@ def train_maxrl(model, tokenizer, cfg: ExperimentConfig, train, test, policy: st
         checkpoints["pass_at_1"].append(float(curve[0]))
         checkpoints["pass_at_max"].append(float(curve[-1]))
 
-    # What each step spends: CPU seconds (evaluations taken out), tokens generated up to
-    # each completion's end marker, and generation calls (one per round).
-    spent = {"cpu_s": 0.0, "tokens": 0.0, "calls": 0.0}
-    for key in ("cpu_s", "step_wall_s", "tokens", "generation_calls"):
-        curves[key] = []
     evaluator = copy.deepcopy(model)
 
     def evaluate_state(state) -> list[float]:
@@ -365,13 +398,15 @@ def train_maxrl(model, tokenizer, cfg: ExperimentConfig, train, test, policy: st
     grid = _harness.CostGrid(
         {"cpu_s": cfg.cpu_grid_s, "tokens": cfg.token_grid, "calls": cfg.call_grid},
         evaluate_state, lambda: copy.deepcopy(model.state_dict()))
-    excluded, cpu_start = 0.0, time.process_time()
+    # What each step spends: CPU seconds (evaluations taken out), tokens generated up to
+    # each completion's end marker, and generation calls (one per round).
+    cost = StepCost(curves, {"tokens": ("tokens", float), "calls": ("generation_calls", int)})
 
     def generated(rows):
         prompts, completions, rewards = sample_and_verify(model, tokenizer, train, rows,
                                                           rollout_gen, cfg, device)
-        spent["tokens"] += float(answer_mask(completions, tokenizer.end_id).sum())
-        spent["calls"] += 1
+        cost.count("tokens", float(answer_mask(completions, tokenizer.end_id).sum()))
+        cost.count("calls", 1)
         return prompts, completions, rewards
 
     model.train()
@@ -379,10 +414,9 @@ def train_maxrl(model, tokenizer, cfg: ExperimentConfig, train, test, policy: st
                               enabled=show_progress)
     for step in steps:
         if cfg.curve_every and step % cfg.curve_every == 0:
-            pause = time.process_time()
-            checkpoint(step)
-            excluded += time.process_time() - pause
-        step_wall, tokens_before, calls_before = time.perf_counter(), spent["tokens"], spent["calls"]
+            with cost.excluded():
+                checkpoint(step)
+        cost.begin_step()
         while len(order) < cfg.prompts_per_step:
             order.extend(order_rng.permutation(cfg.num_train).tolist())
         prompt_ids = np.asarray(order[:cfg.prompts_per_step], dtype=np.int64)
@@ -390,7 +424,7 @@ def train_maxrl(model, tokenizer, cfg: ExperimentConfig, train, test, policy: st
 
         # the estimates the plan is made from, before this step's outcomes are observed
         planned_probs = np.asarray(tracker.estimate(prompt_ids.tolist()), dtype=np.float64)
-        round_index, kept = None, None
+        round_index, kept, allocation = None, None, None
 
         sample = generated
 
@@ -425,14 +459,23 @@ def train_maxrl(model, tokenizer, cfg: ExperimentConfig, train, test, policy: st
             if on_rollouts is not None:
                 on_rollouts(step, rollout_ids, rewards, completions)
             torch_loop.observe(planner, plan, rewards)
-            min_factor = float(plan.allocation.min_factor)
+            allocation = plan.allocation
+            min_factor = float(allocation.min_factor)
 
         rewards_t = torch.as_tensor(rewards, dtype=torch.float32, device=device)
         index_t = torch.as_tensor(np.array(prompt_index), dtype=torch.long, device=device)
-        if kept is None:
+        if arm.estimator == "grpo":
+            # TRL's group-normalized advantages on uniform counts, under the same loss
+            # aggregation as the MaxRL arms: the arms differ in the estimator alone.
+            advantages = sera_opt.grpo_advantages(rewards_t, index_t)
+        elif kept is None:
+            # allocation=: a prompt the plan switched off keeps the correction's nbar at
+            # the plan's budget / M (the authors' N0 / n_i weights); with every prompt
+            # active that is N / M, as without it.
             advantages = sera_opt.maxrl_advantages(
                 rewards_t, index_t, estimator=cfg.estimator,
                 multiplicity_correction=cfg.multiplicity_correction, round_index=round_index,
+                allocation=allocation,
             )
         else:
             advantages = torch.as_tensor(ada, dtype=torch.float32, device=device)
@@ -440,10 +483,10 @@ def train_maxrl(model, tokenizer, cfg: ExperimentConfig, train, test, policy: st
         # estimates the allocation was planned with
         diag = sera_opt.advantage_diagnostics(
             rewards_t, index_t, estimator=cfg.estimator,
-            multiplicity_correction=cfg.multiplicity_correction)
+            multiplicity_correction=cfg.multiplicity_correction, allocation=allocation)
         diag_planned = sera_opt.advantage_diagnostics(
             rewards_t, index_t, estimator=cfg.estimator,
-            multiplicity_correction=cfg.multiplicity_correction,
+            multiplicity_correction=cfg.multiplicity_correction, allocation=allocation,
             success_probs=torch.as_tensor(planned_probs[prompt_index], device=device))
 
         mask = answer_mask(completions, tokenizer.end_id)
@@ -473,15 +516,13 @@ def train_maxrl(model, tokenizer, cfg: ExperimentConfig, train, test, policy: st
         curves["loss"].append(float(loss.detach()))
         curves["diagnostics"].append(_diagnostics_row(diag))
         curves["diagnostics_planned"].append(_diagnostics_row(diag_planned))
-        pause = time.process_time()
-        spent["cpu_s"] = pause - cpu_start - excluded
-        curves["cpu_s"].append(spent["cpu_s"])
-        curves["step_wall_s"].append(time.perf_counter() - step_wall)
-        curves["tokens"].append(spent["tokens"] - tokens_before)
-        curves["generation_calls"].append(int(spent["calls"] - calls_before))
+        curves.setdefault("active_set", []).append(_coverage.active_set_row(allocation))
+        if epochs.advance(len(prompt_ids)):
+            # A pass over the pool ended: the authors' estimates take its outcomes now.
+            planner.end_epoch()
         # Evaluation: its CPU time is taken out of the policy's.
-        grid.step_end(step + 1, spent)
-        excluded += time.process_time() - pause
+        with cost.end_step() as spent:
+            grid.step_end(step + 1, spent)
     checkpoint(cfg.rl_steps)
     curves["at_cost"] = grid.points
     return {"curves": curves, "checkpoints": checkpoints}
@@ -532,6 +573,11 @@ def run_seed(cfg: ExperimentConfig, seed: int, device: str, *,
     gen = _device_generator(device, seed * 1000 + 43)
     train_correct = count_correct(model, tokenizer, train, cfg.eval_samples, gen, cfg, device)
     out["warm_start"]["train_success_rates"] = (train_correct / cfg.eval_samples).tolist()
+    # The warm start's half of the regime check, before any arm trains.
+    out["warm_start"]["regime"] = _coverage.warm_start_regime(train_correct / cfg.eval_samples)
+    if show_progress:
+        print(f"seed {seed}: " + _coverage.format_regime(warm=out["warm_start"]["regime"]),
+              flush=True)
     warm_state = copy.deepcopy(model.state_dict())
     for policy in cfg.policies:
         model.load_state_dict(warm_state)

@@ -46,7 +46,8 @@ import warnings
 
 import numpy as np
 
-from sera_opt.benchmarks import _harness
+from sera_opt.benchmarks import _coverage, _harness
+from sera_opt.benchmarks._cost import cost_per_step
 from sera_opt.exceptions import SeraOptError
 
 NAME = "maze"
@@ -106,7 +107,7 @@ def _config_from_args(args):
     preset = args.preset or ("quick" if args.quick else "default")
     arms = None
     if args.arms is not None:
-        arms = tuple(spec.label for spec in _harness.parse_arms(args.arms))
+        arms = tuple(arm.label for arm in _coverage.parse_loop_arms(args.arms))
     config = with_overrides(
         PRESETS[preset], seeds=args.seeds, steps=args.steps, arms=arms,
         rollouts_per_maze=args.rollouts_per_maze, mazes_per_step=args.mazes_per_step,
@@ -117,10 +118,24 @@ def _config_from_args(args):
 
 def check_arms(config) -> tuple[_harness.ArmSpec, ...]:
     """Build every arm's policy with the configuration's bounds and allocate once: a bad arm
-    fails here, before the warm-ups, not inside a worker minutes later."""
-    return _harness.check_arms(config.arms, min_rollouts=config.min_rollouts,
-                        max_rollouts=config.max_rollouts, offset=config.offset,
-                        num_prompts=config.mazes_per_step, budget=config.budget)
+    fails here, before the warm-ups, not inside a worker minutes later. ``grpo`` allocates
+    as ``uniform``; a ``sera-paper`` arm builds the authors' planner with its own bounds,
+    which must be the configuration's (:func:`sera_opt.benchmarks._coverage.check_paper_bounds`)."""
+    arms = _coverage.parse_loop_arms(config.arms)
+    _coverage.check_paper_bounds(arms, rollouts_per_prompt=config.rollouts_per_maze,
+                                 min_rollouts=config.min_rollouts,
+                                 max_rollouts=config.max_rollouts)
+    for arm in arms:
+        if arm.paper:
+            planner = _coverage.build_planner(
+                arm, min_rollouts=config.min_rollouts, max_rollouts=config.max_rollouts,
+                offset=config.offset, tracker_decay=config.tracker_decay)
+            planner.policy.allocate(np.linspace(0.02, 0.98, config.mazes_per_step),
+                                    config.budget)
+    return _harness.check_arms([a.label for a in arms if not a.paper and a.estimator == "maxrl"],
+                               min_rollouts=config.min_rollouts,
+                               max_rollouts=config.max_rollouts, offset=config.offset,
+                               num_prompts=config.mazes_per_step, budget=config.budget)
 
 
 def _run_tasks(func, tasks, *, workers: int, desc: str, show: bool):
@@ -201,7 +216,42 @@ def summarize(config, warmups: list[dict], arms: list[dict]) -> dict:
         entry["cost"] = _cost(runs)
         summary[arm] = entry
     summary["equal_cost"] = _equal_cost(config, by_arm)
+    if config.k_max >= _coverage.REGIME["k"]:
+        summary["coverage"] = _coverage_summary(config, warmups, by_arm, seeds)
     return summary
+
+
+def _coverage_summary(config, warmups: list[dict], by_arm: dict[str, list[dict]],
+                      seeds: list[int]) -> dict:
+    """The regime check, the rule's comparisons (final step and the CPU grid's last amount
+    every run reached) and the gains by warm-up success bin (docs/decisions/
+    2026-12-07-coverage-expansion-rule.md)."""
+    runs = {arm: sorted(rows, key=lambda r: seeds.index(r["seed"])) for arm, rows in by_arm.items()}
+    final = {arm: [r["pass_at_k"] for r in rows] for arm, rows in runs.items()}
+    regime = _coverage.regime_check([w["train_success_probs"] for w in warmups],
+                                    [w["pass_at_k"] for w in warmups], final["uniform"])
+    amounts = _harness.common_amounts(config.cpu_grid_s, (r["curves"]["at_cost"]["cpu_s"]
+                                                          for rows in runs.values() for r in rows))
+    at_cpu, amount = None, None
+    if amounts:
+        amount = amounts[-1]
+        at_cpu = {arm: [_harness.at_cost(r["curves"]["at_cost"]["cpu_s"], amount) for r in rows]
+                  for arm, rows in runs.items()}
+    comparisons = _coverage.rule_comparisons(final, at_cpu, cpu_amount=amount)
+    gains = {arm: _coverage.gains_by_bin([w["test_successes"] for w in warmups],
+                                         [r["test_successes"] for r in rows],
+                                         [r["test_successes"] for r in runs["uniform"]],
+                                         samples=config.eval_samples,
+                                         k=_coverage.REGIME["k"])
+             for arm, rows in runs.items() if arm != "uniform"}
+    active = {}
+    for arm, rows in runs.items():
+        steps = [row for r in rows for row in r["curves"].get("active_set", [])]
+        active[arm] = {key: float(np.mean([row[key] for row in steps])) if steps else
+                       (1.0 if key == "active_fraction" else 0.0)
+                       for key in ("active_fraction", "forced", "too_easy", "too_hard")}
+    return {"regime": regime, "comparisons": comparisons, "gains_by_bin": gains,
+            "active_set": active}
 
 
 #: The equal-cost grids: the configuration's field and the words of the tables.
@@ -212,11 +262,7 @@ COSTS = {"cpu_s": ("cpu_grid_s", "CPU seconds"), "moves": ("move_grid", "moves w
 def _cost(runs: list[dict]) -> dict[str, float]:
     """What a step of the arm spends, means over its steps and seeds: CPU seconds (training
     and walking, one thread, evaluations excluded), moves walked and walk calls."""
-    return {"cpu_s_per_step": float(np.mean([r["curves"]["cpu_s"][-1] / len(r["curves"]["cpu_s"])
-                                             for r in runs])),
-            "training_cpu_s": float(np.mean([r["curves"]["cpu_s"][-1] for r in runs])),
-            "moves_per_step": float(np.mean([np.mean(r["curves"]["moves"]) for r in runs])),
-            "calls_per_step": float(np.mean([np.mean(r["curves"]["walk_calls"]) for r in runs]))}
+    return cost_per_step([r["curves"] for r in runs], {"moves": "moves", "calls": "walk_calls"})
 
 
 def _equal_cost(config, by_arm: dict[str, list[dict]]) -> dict:
@@ -252,6 +298,17 @@ def _table(config, summary) -> str:
                      f"{c['moves_per_step']:9.0f}  {c['calls_per_step']:5.2f}")
     lines.append(_harness.equal_cost_table(summary["equal_cost"],
                                            {cost: words for cost, (_, words) in COSTS.items()}))
+    if "coverage" in summary:
+        coverage = summary["coverage"]
+        lines += ["", _coverage.format_rule(coverage["comparisons"], coverage["regime"]),
+                  "active fraction / forced activations per step (means):"]
+        lines += [f"  {arm:<{width}s} {row['active_fraction']:6.3f}  {row['forced']:6.2f}"
+                  for arm, row in coverage["active_set"].items()]
+        lines.append(f"gains at pass@{_coverage.REGIME['k']} over uniform by the held-out "
+                     "mazes' warm-up success:")
+        lines += [f"  {arm:<{width}s} " + "  ".join(
+            f"{b} {_harness.format_interval(v['mean'], v['ci_low'], v['ci_high'])}"
+            for b, v in entry["bins"].items()) for arm, entry in coverage["gains_by_bin"].items()]
     return "\n".join(lines)
 
 
@@ -358,6 +415,10 @@ def run(config, *, workers: int = 1, show_progress: bool = True, base_seed: int 
     seeds = [base_seed + i for i in range(config.seeds)]
     warmups = _run_tasks(_maze_train.run_seed_warmup, [(config, s) for s in seeds],
                          workers=workers, desc="maze warm-up", show=show_progress)
+    if show_progress:
+        # The warm-ups' half of the regime check, before any arm trains.
+        for w in warmups:
+            print(f"seed {w['seed']}: " + _coverage.format_regime(warm=w["regime"]), flush=True)
     tasks = [(config, w["seed"], arm, w["state_dict"]) for w in warmups for arm in config.arms]
     arms = _run_tasks(_maze_train.run_arm, tasks, workers=workers, desc="maze arms",
                       show=show_progress)

@@ -33,7 +33,8 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from sera_opt.benchmarks import _harness
+from sera_opt.benchmarks import _coverage, _harness
+from sera_opt.benchmarks._cost import StepCost
 from sera_opt.benchmarks.maze.env import MazeBatch, MazeEnv, generate_maze_sets
 
 __all__ = ["MazeConfig", "PRESETS", "make_policy", "rollout", "warm_up", "train_arm",
@@ -86,6 +87,12 @@ class MazeConfig:
     # runs (16 seeds: the number the decision rule of docs/benchmarks.md fixes)
     seeds: int = 16
     device: str = "cpu"
+    # False: each step draws its mazes at random; True: the steps walk passes over a
+    # shuffled training set (every maze once per pass), the epochs of the authors' SERA
+    epoch_order: bool = False
+    # samples per training maze for the warm-up's success rates (the regime check's
+    # input); None: curve_samples
+    train_probe_samples: int | None = None
 
     def __post_init__(self):
         from sera_opt.exceptions import SeraOptError
@@ -113,6 +120,8 @@ class MazeConfig:
                 problems.append(f"{name} must hold positive, increasing amounts")
         if "uniform" not in self.arms:
             problems.append(f"arms={self.arms} must include 'uniform', the baseline")
+        if self.train_probe_samples is not None and self.train_probe_samples < 1:
+            problems.append("train_probe_samples must be positive (or None)")
         if problems:
             raise SeraOptError("invalid maze configuration: " + "; ".join(problems) + ".")
 
@@ -141,6 +150,14 @@ PRESETS: dict[str, MazeConfig] = {
     # Larger mazes for the same horizon and half the rollouts: many mazes stay
     # near zero success, the regime where max-min allocation is most exposed.
     "hard": MazeConfig(sizes=(4, 10), horizon=64, rollouts_per_maze=4),
+    # The hard mazes with the paper's settings (issue 51): N0 = 16 rollouts per maze on
+    # average, the authors' bounds 2 and 4 N0 = 64, passes over the training mazes (its
+    # estimates are frozen per pass), a forgetting tracker for sera-fair, and the
+    # coverage arms. The rule: docs/decisions/2026-12-07-coverage-expansion-rule.md.
+    "paper": MazeConfig(sizes=(4, 10), horizon=64, rollouts_per_maze=16, max_rollouts=64,
+                        tracker_decay=0.97, epoch_order=True, train_probe_samples=64,
+                        cpu_grid_s=(10.0, 20.0, 30.0), move_grid=(2_000_000.0, 4_000_000.0),
+                        call_grid=(50.0, 100.0, 150.0), arms=_coverage.COVERAGE_ARMS),
     # For a GPU: more mazes, larger grids, a longer horizon and more steps.
     # lr 1e-3 made the first Adam step of this wider network lose a third of
     # its held-out pass@1 (a CPU check of the first steps); 3e-4 does not.
@@ -272,13 +289,16 @@ def run_seed_warmup(config: MazeConfig, seed: int) -> dict:
     eval_gen = torch.Generator(device=config.device)
     eval_gen.manual_seed(seed + 10_000)
     test_successes = evaluate(policy, test, config, eval_gen, samples=config.eval_samples)
-    train_successes = evaluate(policy, train, config, eval_gen, samples=config.curve_samples)
+    probes = config.train_probe_samples or config.curve_samples
+    train_successes = evaluate(policy, train, config, eval_gen, samples=probes)
     return {
         "seed": seed,
         "state_dict": {k: v.detach().cpu().clone() for k, v in policy.state_dict().items()},
         "teacher_loss": losses,
         "test_successes": test_successes,
-        "train_success_probs": train_successes / config.curve_samples,
+        "train_success_probs": train_successes / probes,
+        # The warm-up's half of the regime check, before any arm trains.
+        "regime": _coverage.warm_start_regime(train_successes / probes),
         "test_shortest_path": test.shortest_path.cpu().numpy(),
         "pass_at_k": pass_at_k_curve(test_successes, config.eval_samples, config.k_max),
         "wall_time": time.perf_counter() - start,
@@ -288,18 +308,30 @@ def run_seed_warmup(config: MazeConfig, seed: int) -> dict:
 
 
 def _planner(arm: str, config: MazeConfig):
-    """The planner of arm ``arm`` (a policy name or ``name:key=value...`` specification):
-    the policy with the configuration's bounds and offset, and a fresh tracker."""
-    import sera_opt
+    """The planner of arm ``arm`` (see :func:`sera_opt.benchmarks._coverage.parse_loop_arm`):
+    the policy with the configuration's bounds and offset and a fresh tracker, or the
+    authors' whole configuration for a ``sera-paper`` arm."""
+    return _coverage.build_planner(_coverage.parse_loop_arm(arm),
+                                   min_rollouts=config.min_rollouts,
+                                   max_rollouts=config.max_rollouts, offset=config.offset,
+                                   tracker_decay=config.tracker_decay)
 
-    spec = _harness.parse_arm(arm)
-    tracker = sera_opt.SuccessTracker(decay=config.tracker_decay)
-    if spec.is_reinforce_ada:
-        # The peer draws by its own rule; the planner only keeps the tracker's estimates.
-        return sera_opt.RolloutPlanner(tracker=tracker)
-    policy = spec.build(min_rollouts=config.min_rollouts, max_rollouts=config.max_rollouts,
-                        offset=config.offset)
-    return sera_opt.RolloutPlanner(policy, tracker=tracker)
+
+def _grpo_step(planner, ids, budget: int, walk, mode: str):
+    """One static step with GRPO's advantages: uniform counts, the walks, TRL's
+    group-normalized advantages and the same loss aggregation as the MaxRL arms."""
+    import sera_opt
+    from sera_opt.integrations import torch_loop
+
+    plan = torch_loop.plan_rollouts(planner, ids, budget)
+    log_probs, rewards, mask = walk(plan)
+    index = plan.prompt_index_tensor(rewards.device)
+    advantages = sera_opt.grpo_advantages(rewards, index)
+    loss = sera_opt.policy_gradient_loss(log_probs, advantages, mask, mode)
+    diagnostics = {k: float(v) for k, v in sera_opt.advantage_diagnostics(rewards, index).items()}
+    torch_loop.observe(planner, plan, rewards)
+    return torch_loop.StepOutput(loss=loss, advantages=advantages, rewards=rewards, plan=plan,
+                                 diagnostics=diagnostics)
 
 
 def train_arm(policy, planner, train: MazeBatch, test: MazeBatch, config: MazeConfig,
@@ -328,18 +360,12 @@ def train_arm(policy, planner, train: MazeBatch, test: MazeBatch, config: MazeCo
                                "planned_diagnostics": [],
                                "eval_step": [], "eval_pass_at_1": [], "eval_pass_at_k_max": []}
 
-    # What each step spends: CPU seconds (evaluations taken out), moves walked (the task's
-    # generated tokens) and walk calls (the generation calls: one per round).
-    spent = {"cpu_s": 0.0, "moves": 0.0, "calls": 0.0}
-    for key in ("cpu_s", "step_wall_s", "moves", "walk_calls"):
-        curves[key] = []
-
     def walk(plan):
         env = MazeEnv(train, plan.row_prompt_ids, horizon=config.horizon,
                       view_radius=config.view_radius)
         log_probs, mask, success, _ = rollout(policy, env, generator)
-        spent["moves"] += float(mask.sum())
-        spent["calls"] += 1
+        cost.count("moves", float(mask.sum()))
+        cost.count("calls", 1)
         return log_probs, success.to(torch.float32), mask
 
     evaluator = copy.deepcopy(policy)
@@ -356,22 +382,42 @@ def train_arm(policy, planner, train: MazeBatch, test: MazeBatch, config: MazeCo
     grid = _harness.CostGrid(
         {"cpu_s": config.cpu_grid_s, "moves": config.move_grid, "calls": config.call_grid},
         evaluate_state, lambda: {k: v.detach().clone() for k, v in policy.state_dict().items()})
-    cpu_start, excluded = time.process_time(), 0.0
+    # What each step spends: CPU seconds (evaluations taken out), moves walked (the task's
+    # generated tokens) and walk calls (the generation calls: one per round).
+    cost = StepCost(curves, {"moves": ("moves", float), "calls": ("walk_calls", int)})
 
+    # A coverage arm (LoopArm) names its estimator; its allocation spec is None for the
+    # authors' configuration (a static plan) and uniform's for grpo.
+    loop_arm = spec if isinstance(spec, _coverage.LoopArm) else None
+    grpo = loop_arm is not None and loop_arm.estimator == "grpo"
+    if loop_arm is not None:
+        spec = loop_arm.spec
+    epochs = _coverage.EpochClock(train.num_mazes)
+    order: list[int] = []
     in_rounds = spec is not None and (spec.rounds > 1 or spec.is_reinforce_ada)
     rule, cap = (spec.build_rule(num_prompts=config.mazes_per_step, budget=config.budget)
                  if spec is not None and spec.is_reinforce_ada else (None, None))
     steps = _harness.progress(range(config.steps), desc="MaxRL steps", total=config.steps,
                               enabled=show_progress)
     for step in steps:
-        step_wall, moves_before, calls_before = time.perf_counter(), spent["moves"], spent["calls"]
-        ids = rng.choice(train.num_mazes, size=config.mazes_per_step, replace=False)
+        cost.begin_step()
+        if config.epoch_order:
+            # Passes over a shuffled training set: every maze once per pass.
+            while len(order) < config.mazes_per_step:
+                order.extend(rng.permutation(train.num_mazes).tolist())
+            ids = np.asarray(order[:config.mazes_per_step], dtype=np.int64)
+            del order[:config.mazes_per_step]
+        else:
+            ids = rng.choice(train.num_mazes, size=config.mazes_per_step, replace=False)
         # The estimates the planner allocates from, read before the step observes.
         estimates = np.asarray(planner.tracker.estimate(ids.tolist()), dtype=np.float64)
         if rule is not None:
             out = torch_loop.reinforce_ada_step(rule, ids, walk, budget=cap,
                                                 mode=config.loss_mode, planner=planner)
             prompt_index = out.prompt_index
+        elif grpo:
+            out = _grpo_step(planner, ids, config.budget, walk, config.loss_mode)
+            prompt_index = out.plan.prompt_index
         elif in_rounds:
             out = torch_loop.maxrl_round_step(
                 planner, ids, config.budget, walk, rounds=spec.rounds, first_round=spec.first,
@@ -413,21 +459,21 @@ def train_arm(policy, planner, train: MazeBatch, test: MazeBatch, config: MazeCo
         curves["planned_diagnostics"].append(
             {k: float(planned[k]) for k in ("min_factor", "mean_factor", "weight_spread",
                                             "alignment_proxy")})
-        pause = time.process_time()
-        spent["cpu_s"] = pause - cpu_start - excluded
-        curves["cpu_s"].append(spent["cpu_s"])
-        curves["step_wall_s"].append(time.perf_counter() - step_wall)
-        curves["moves"].append(spent["moves"] - moves_before)
-        curves["walk_calls"].append(int(spent["calls"] - calls_before))
+        curves.setdefault("active_set", []).append(_coverage.active_set_row(
+            None if in_rounds else out.plan.allocation))
+        if epochs.advance(len(ids)):
+            # A pass over the training mazes ended: the authors' estimates take its outcomes.
+            planner.end_epoch()
         # Everything below is evaluation: its CPU time is taken out of the arm's.
-        grid.step_end(step + 1, spent)
-        if config.eval_every and (step + 1) % config.eval_every == 0:
-            succ = evaluate(policy, test, config, eval_generator, samples=config.curve_samples)
-            curve = pass_at_k_curve(succ, config.curve_samples, config.curve_samples)
-            curves["eval_step"].append(step + 1)
-            curves["eval_pass_at_1"].append(float(curve[0]))
-            curves["eval_pass_at_k_max"].append(float(curve[-1]))
-        excluded += time.process_time() - pause
+        with cost.end_step() as spent:
+            grid.step_end(step + 1, spent)
+            if config.eval_every and (step + 1) % config.eval_every == 0:
+                succ = evaluate(policy, test, config, eval_generator,
+                                samples=config.curve_samples)
+                curve = pass_at_k_curve(succ, config.curve_samples, config.curve_samples)
+                curves["eval_step"].append(step + 1)
+                curves["eval_pass_at_1"].append(float(curve[0]))
+                curves["eval_pass_at_k_max"].append(float(curve[-1]))
     curves["at_cost"] = grid.points
     return curves
 
@@ -445,7 +491,7 @@ def run_arm(config: MazeConfig, seed: int, arm: str, state_dict, show_progress: 
     eval_gen.manual_seed(seed + 20_000)
     planner = _planner(arm, config)
     curves = train_arm(policy, planner, train, test, config, rng, generator, eval_gen,
-                       show_progress=show_progress, spec=_harness.parse_arm(arm))
+                       show_progress=show_progress, spec=_coverage.parse_loop_arm(arm))
     eval_gen.manual_seed(seed + 30_000)
     test_successes = evaluate(policy, test, config, eval_gen, samples=config.eval_samples)
     return {

@@ -5,14 +5,20 @@ Reinforcement learning through trl 1.16 on CPU: the tiny GPT-2 of
 :mod:`sera_opt.integrations._trl_tiny` with a character-level tokenizer, both
 built in code, learns the arithmetic experiment's addition problems (verifiable
 rewards, completions of 2 to ``max_digits + 2`` tokens) from a supervised warm
-start that every arm of a seed shares. The arms (:data:`~.train.ARMS`):
+start that every arm of a seed shares. The arms of the default preset (:data:`~.train.ARMS`,
+named by what they run; see :mod:`~.train` for the grammar):
 
-* ``trl``: stock ``trl.GRPOTrainer`` with its own defaults (loss type "dapo",
+* ``grpo``: stock ``trl.GRPOTrainer`` with its own defaults (loss type "dapo",
   rewards scaled per group) and ``num_generations`` = rollouts per prompt;
-* ``sera:policy=uniform:rounds=1``: ``SeraGRPOTrainer`` with uniform counts, the
-  MaxRL estimator alone;
-* ``sera:rounds=1``: the default planner's static plan, one generation call;
-* ``sera:rounds=2``; ``sera:rounds=4`` (4 rounds, the trainers' default before the cost target of docs/benchmarks.md was missed).
+* ``uniform``: ``SeraGRPOTrainer`` with uniform counts, the MaxRL estimator alone;
+* ``sera-fair:alpha=1``: its static plan, one generation call (the default planner
+  when issue 41's runs were made, labelled ``sera:rounds=1`` in their files);
+* ``sera-fair:alpha=1:rounds=2``; ``sera-fair:alpha=1:rounds=4``.
+
+``--preset expand`` is where training can raise coverage (the warm start stopped at
+0.12, a constant learning rate, 256 held-out problems, the authors' SERA beside
+uniform, GRPO and sera-fair with a forgetting tracker), with the regime check and the
+comparisons of docs/decisions/2026-12-07-coverage-expansion-rule.md.
 
 Every arm has the same prompts per step, completions per step, optimizer and
 learning rate, and runs on one thread. Pass@1, pass@8 and pass@64 (unbiased,
@@ -20,7 +26,7 @@ from ``eval_samples`` samples of each held-out problem) are evaluated at fixed
 steps and on grids of CPU seconds (training and generation, evaluation taken
 out), generated tokens and generation calls; per step the wall time, the time inside generation, generated tokens and
 generation calls are recorded. The summary pairs every arm with each baseline
-(``trl`` and ``sera:policy=uniform:rounds=1``) seed by seed, with 95 % t
+(``grpo``, ``uniform`` and ``sera-paper`` where present) seed by seed, with 95 % t
 intervals, at the final step and at the grids' amounts that every arm of every
 seed reached (equal CPU time; equal tokens and equal calls beside it). Writes ``trl_coverage.json``, ``trl_coverage.png`` (pass@k
 against steps and against CPU time, mean and min-max over seeds) and
@@ -44,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from sera_opt.benchmarks import _harness
+from sera_opt.benchmarks import _coverage, _harness
 from sera_opt.exceptions import SeraOptError
 
 NAME = "trl-coverage"
@@ -58,9 +64,12 @@ def build_parser():
                         help="number of seeds; seed i is SEED + i (default 10, --quick 1)")
     parser.add_argument("--steps", type=_harness.at_least(1), default=None,
                         help="optimizer steps per arm")
+    parser.add_argument("--preset", choices=("default", "expand", "quick"), default=None,
+                        help="configuration (default: 'default'; --quick means 'quick')")
     parser.add_argument("--arms", default=None,
-                        help="comma-separated arms: trl and sera[:policy=NAME][:rounds=R]"
-                             "[:first=N] (default: the five arms of the comparison)")
+                        help="comma-separated arms: grpo, sera-paper[:rounding=exact]"
+                             "[:cold_start=prior], or a policy NAME[:key=value...][:rounds=R]"
+                             "[:first=N] (default: the preset's arms)")
     parser.add_argument("--cpu-grid", type=_grid, default=None,
                         help="CPU seconds at which every arm is evaluated, comma-separated "
                              "(default 10,20,...,60)")
@@ -89,7 +98,9 @@ def _grid(text: str) -> tuple[float, ...]:
 def config_from_args(args):
     from sera_opt.benchmarks.trl_coverage.train import PRESETS, parse_arms, with_overrides
 
-    preset = "quick" if args.quick else "default"
+    if args.quick and args.preset not in (None, "quick"):
+        raise SeraOptError("--quick and --preset disagree; give one of them.")
+    preset = "quick" if args.quick else (args.preset or "default")
     arms = None if args.arms is None else tuple(a.label for a in parse_arms(args.arms))
     cfg = with_overrides(PRESETS[preset], seeds=args.seeds, steps=args.steps, arms=arms,
                          cpu_grid_s=args.cpu_grid)
@@ -159,7 +170,8 @@ def _cost(runs: list[dict]) -> dict[str, float]:
             "wall_time_s": float(np.mean([r["wall_time_s"] for r in runs]))}
 
 
-def summarize(cfg, seeds: list[int], runs: list[dict]) -> dict[str, Any]:
+def summarize(cfg, seeds: list[int], runs: list[dict],
+              warm_starts: list[dict] | None = None) -> dict[str, Any]:
     """pass@k per arm at every evaluated step and grid time; costs; paired differences to each
     baseline (at the final step and at the grid times every run reached)."""
     from sera_opt.benchmarks.trl_coverage.train import BASELINES
@@ -172,6 +184,13 @@ def summarize(cfg, seeds: list[int], runs: list[dict]) -> dict[str, Any]:
                                f"not for every seed {seeds}; run or merge the missing ones.")
     grids = {cost: _common_grid(cfg, runs, cost) for cost in COSTS}
     summary: dict[str, Any] = {"common_grids": grids, "arms": {}, "paired": {}}
+    for arm, rows in by_arm.items():
+        active = np.concatenate([np.asarray(r["steps"].get("active_fraction", [1.0]), float)
+                                 for r in rows])
+        forced = np.concatenate([np.asarray(r["steps"].get("forced_activations", [0.0]), float)
+                                 for r in rows])
+        summary.setdefault("active_set", {})[arm] = {"active_fraction": float(active.mean()),
+                                                     "forced": float(forced.mean())}
     for arm, rows in by_arm.items():
         entry = {"final": _spread([r["final_pass_at_k"] for r in rows]), "cost": _cost(rows)}
         entry["at_steps"] = {int(p["step"]): _spread([[q for q in r["at_steps"]
@@ -207,7 +226,36 @@ def summarize(cfg, seeds: list[int], runs: list[dict]) -> dict[str, Any]:
                     cell["at_cost"][cost][t] = _harness.paired_difference_at(paired, REPORT_KS)
             against[arm] = cell
         summary["paired"][base] = against
+    if cfg.eval_samples >= _coverage.REGIME["k"] and "uniform" in by_arm:
+        summary["coverage"] = _coverage_summary(cfg, seeds, by_arm, warm_starts, grids)
     return summary
+
+
+def _coverage_summary(cfg, seeds, by_arm, warm_starts, grids) -> dict[str, Any] | None:
+    """The regime check, the rule's comparisons (final step and the CPU grid's last amount
+    every run reached) and the gains by warm-start success bin (docs/decisions/
+    2026-12-07-coverage-expansion-rule.md); None for warm starts cached before the check."""
+    warm = {w["seed"]: w for w in warm_starts or []}
+    if any("train_success_rates" not in warm.get(s, {}) for s in seeds):
+        return None
+    warm_rows = [warm[s] for s in seeds]
+    final = {arm: [r["final_pass_at_k"] for r in rows] for arm, rows in by_arm.items()}
+    regime = _coverage.regime_check([w["train_success_rates"] for w in warm_rows],
+                                    [w["pass_at_k"] for w in warm_rows], final["uniform"])
+    at_cpu, amount = None, None
+    if grids["cpu_s"]:
+        amount = grids["cpu_s"][-1]
+        at_cpu = {arm: [_harness.at_cost(r["at_cost"]["cpu_s"], amount) for r in rows]
+                  for arm, rows in by_arm.items()}
+    comparisons = _coverage.rule_comparisons(final, at_cpu, cpu_amount=amount)
+    gains = {}
+    if all(r.get("final_correct") is not None for rows in by_arm.values() for r in rows):
+        gains = {arm: _coverage.gains_by_bin([w["correct"] for w in warm_rows],
+                                             [r["final_correct"] for r in rows],
+                                             [r["final_correct"] for r in by_arm["uniform"]],
+                                             samples=cfg.eval_samples, k=_coverage.REGIME["k"])
+                 for arm, rows in by_arm.items() if arm != "uniform"}
+    return {"regime": regime, "comparisons": comparisons, "gains_by_bin": gains}
 
 
 def _table(cfg, summary) -> str:
@@ -240,6 +288,19 @@ def _table(cfg, summary) -> str:
             else:
                 lines.append(f"\nno amount of the {words} grid was reached by every run: no "
                              f"comparison at equal {words}")
+    lines += ["", "active fraction / forced activations per step (means):"]
+    lines += [f"  {arm:<{width}s} {row['active_fraction']:6.3f}  {row['forced']:6.2f}"
+              for arm, row in summary.get("active_set", {}).items()]
+    coverage = summary.get("coverage")
+    if coverage:
+        lines += ["", _coverage.format_rule(coverage["comparisons"], coverage["regime"])]
+        if coverage["gains_by_bin"]:
+            lines.append(f"gains at pass@{_coverage.REGIME['k']} over uniform by the held-out "
+                         "problems' warm-start success:")
+            lines += [f"  {arm:<{width}s} " + "  ".join(
+                f"{b} {_harness.format_interval(v['mean'], v['ci_low'], v['ci_high'])}"
+                for b, v in entry["bins"].items())
+                for arm, entry in coverage["gains_by_bin"].items()]
     return "\n".join(lines)
 
 
@@ -249,7 +310,9 @@ def plot(cfg, summary, out_dir: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = _harness.arm_colors(cfg.arms, fixed={"trl": "tab:blue", "sera:rounds=1": "tab:red"})
+    colors = _harness.arm_colors(cfg.arms, fixed={"grpo": "black", "uniform": "tab:blue",
+                                                  "sera-paper": "tab:red",
+                                                  "sera-fair:alpha=1": "tab:green"})
     ks = [k for k in REPORT_KS if k <= cfg.eval_samples]
     fig, axes = plt.subplots(2, len(ks), figsize=(5 * len(ks), 8), squeeze=False)
     for col, k in enumerate(ks):
@@ -291,7 +354,7 @@ def plot(cfg, summary, out_dir: Path) -> list[Path]:
 
 
 def _merge(paths: list[Path]):
-    from sera_opt.benchmarks.trl_coverage.train import CoverageConfig
+    from sera_opt.benchmarks.trl_coverage.train import CoverageConfig, legacy_label
 
     payloads = [json.loads(Path(p).read_text()) for p in paths]
     configs = [{k: v for k, v in p["config"].items() if k != "seeds"} for p in payloads]
@@ -304,8 +367,10 @@ def _merge(paths: list[Path]):
     if sum(len(p["seeds"]) for p in payloads) != len(seeds):
         raise SeraOptError("--merge: a seed appears in more than one file.")
     fields["seeds"] = len(seeds)
+    # Earlier files' labels read as what they measured (train.legacy_label).
+    fields["arms"] = tuple(legacy_label(a) for a in fields.get("arms", ()))
     cfg = CoverageConfig(**fields)
-    runs = [r for p in payloads for r in p["runs"]]
+    runs = [{**r, "arm": legacy_label(r["arm"])} for p in payloads for r in p["runs"]]
     warm = [w for p in payloads for w in p["warm_starts"]]
     return cfg, {"seeds": seeds, "warm_starts": warm, "runs": runs}
 
@@ -325,7 +390,7 @@ def main(argv=None) -> int:
         preset, cfg = config_from_args(args)
         result = run(cfg, args.out, base_seed=args.seed, jobs=args.jobs,
                      show=not args.no_progress)
-    summary = summarize(cfg, result["seeds"], result["runs"])
+    summary = summarize(cfg, result["seeds"], result["runs"], result.get("warm_starts"))
     command = "sera-opt bench trl-coverage " + " ".join(argv if argv is not None else sys.argv[1:])
     payload = {"preset": preset, "command": command.strip(), "config": cfg.to_dict(),
                "trl": sys.modules["trl"].__version__, "torch_threads": 1, "jobs": args.jobs,

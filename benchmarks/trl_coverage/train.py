@@ -1,11 +1,23 @@
 """Configuration, arms, warm start and one (seed, arm) run of the TRL coverage experiment.
 
-An arm is ``trl`` (stock ``trl.GRPOTrainer`` with its own defaults: loss type
-"dapo", rewards scaled per group, ``num_generations`` = rollouts per prompt) or
-``sera[:policy=NAME][:rounds=R][:first=N]``: :class:`sera_opt.integrations.trl.SeraGRPOTrainer`
-with the trainer's default planner (``policy=NAME``: a planner of that registered
-policy with the same bounds) and ``rounds=R`` generation calls per step (none
-given: the trainer's default). Every arm of a seed uses the same ``GRPOConfig``
+An arm is named by what it runs:
+
+* ``grpo``: stock ``trl.GRPOTrainer`` with its own defaults (loss type "dapo",
+  rewards scaled per group, ``num_generations`` = rollouts per prompt);
+* ``NAME[:key=value...][:rounds=R][:first=N]``, a registered policy with options
+  (``uniform``, ``sera-fair:alpha=1``, ``sera-fair:alpha=1:rounds=4``):
+  :class:`sera_opt.integrations.trl.SeraGRPOTrainer` with a planner of that policy
+  within the trainer's default bounds ``[2, 4 N0]``, its tracker a
+  :class:`sera_opt.SuccessTracker` that forgets at ``tracker_decay`` (none given: no
+  forgetting), and ``rounds=R`` generation calls per step (1 unless given);
+* ``sera-paper[:rounding=exact][:cold_start=prior]``: the authors' configuration,
+  :meth:`sera_opt.RolloutPlanner.paper_sera` (its estimates frozen per epoch;
+  :meth:`~sera_opt.RolloutPlanner.end_epoch` at each pass over the training prompts).
+
+The labels of earlier result files (``trl``, ``sera:policy=NAME:rounds=R``, and
+``sera:rounds=R``, which meant the default planner of its day) are read with the
+names of what they measured (:func:`legacy_label`); new runs refuse them. Every arm of
+a seed uses the same ``GRPOConfig``
 (prompts per step, completions per step, optimizer, learning rate, loss type,
 sampling settings, seed, so the same prompts in the same order) and starts from
 the same supervised warm start.
@@ -34,16 +46,19 @@ from typing import Any
 
 import numpy as np
 
-from sera_opt.benchmarks import _harness
+from sera_opt.benchmarks import _coverage, _harness
+from sera_opt.benchmarks._cost import StepCost
 from sera_opt.exceptions import SeraOptError
 
 __all__ = ["CoverageConfig", "PRESETS", "ARMS", "BASELINES", "Arm", "parse_arm",
-           "parse_arms", "warm_start_seed", "run_arm"]
+           "parse_arms", "legacy_label", "warm_start_seed", "run_arm"]
 
-#: The arms of issue 41's comparison, in the order they are run and drawn.
-ARMS = ("trl", "sera:policy=uniform:rounds=1", "sera:rounds=1", "sera:rounds=2", "sera:rounds=4")
-#: The arms every other arm is compared with, seed by seed.
-BASELINES = ("trl", "sera:policy=uniform:rounds=1")
+#: The arms of issue 41's comparison, named by what they ran, in the order they are run
+#: and drawn: the default planner of that comparison was sera-fair at alpha 1.
+ARMS = ("grpo", "uniform", "sera-fair:alpha=1", "sera-fair:alpha=1:rounds=2",
+        "sera-fair:alpha=1:rounds=4")
+#: The arms every other arm is compared with, seed by seed (those present).
+BASELINES = ("grpo", "uniform", _coverage.PAPER)
 
 
 @dataclass(frozen=True)
@@ -71,6 +86,12 @@ class CoverageConfig:
     prompts_per_step: int = 16
     rollouts_per_prompt: int = 8
     learning_rate: float = 2e-4
+    # transformers' schedule of the learning rate: "linear" (its default, decaying to 0 at
+    # the last step) or "constant"
+    lr_scheduler_type: str = "linear"
+    # the sera-fair and other policy arms' tracker keeps this fraction of its evidence at
+    # each update (None: SuccessTracker(), no forgetting)
+    tracker_decay: float | None = None
     arms: tuple[str, ...] = ARMS
     # evaluation on the held-out problems
     eval_samples: int = 64
@@ -108,6 +129,14 @@ class CoverageConfig:
             problems.append("eval_samples, steps and seeds must be positive")
         if self.n_embd % self.n_head:
             problems.append("n_embd must be a multiple of n_head")
+        if self.lr_scheduler_type not in ("linear", "constant"):
+            problems.append("lr_scheduler_type must be 'linear' or 'constant'")
+        if self.tracker_decay is not None and not 0 < self.tracker_decay <= 1:
+            problems.append("tracker_decay must lie in (0, 1] (or be None)")
+        arms = parse_arms(self.arms)
+        if any(a.paper for a in arms) and self.num_train % self.prompts_per_step:
+            problems.append("the sera-paper arms end an epoch at each pass over the training "
+                            "prompts: num_train must be a multiple of prompts_per_step")
         for name in ("cpu_grid_s", "token_grid", "call_grid"):
             grid = list(getattr(self, name))
             if any(t <= 0 for t in grid) or grid != sorted(set(grid)):
@@ -133,9 +162,19 @@ class CoverageConfig:
 
 
 #: Named configurations. "default": one (seed, arm) run takes about 60-90 s of one core of
-#: this project's 2-core CI-class machine (docs/benchmarks.md); "quick" is for a test.
+#: this project's 2-core CI-class machine (docs/benchmarks.md); "quick" is for a test;
+#: "expand" is where training can raise coverage (issue 51): the warm start stopped at
+#: 0.12 sampled success, a constant learning rate, 256 held-out problems, a forgetting
+#: tracker for the policy arms and the coverage arms (the rule:
+#: docs/decisions/2026-12-07-coverage-expansion-rule.md).
 PRESETS: dict[str, CoverageConfig] = {
     "default": CoverageConfig(),
+    "expand": CoverageConfig(num_test=256, sft_target_success=0.12,
+                             lr_scheduler_type="constant", tracker_decay=0.97, eval_every=200,
+                             cpu_grid_s=(15.0, 30.0, 45.0, 60.0), token_grid=(),
+                             call_grid=(), seeds=16,
+                             arms=("grpo", "uniform", _coverage.PAPER, "sera-fair:alpha=1",
+                                   "sera-paper:rounding=exact", "sera-paper:cold_start=prior")),
     "quick": CoverageConfig(max_digits=1, num_train=32, num_test=8, sft_steps=120,
                             sft_lr=3e-3, sft_batch=64, sft_check_every=20, steps=3,
                             prompts_per_step=4, rollouts_per_prompt=4, eval_samples=8,
@@ -149,57 +188,80 @@ PRESETS: dict[str, CoverageConfig] = {
 
 @dataclass(frozen=True)
 class Arm:
-    """One arm: stock ``GRPOTrainer`` (``trainer="trl"``) or ``SeraGRPOTrainer``."""
+    """One arm: stock ``GRPOTrainer`` (``trainer="trl"``) or ``SeraGRPOTrainer``.
+
+    ``policy`` and ``options`` name a registered policy and its settings (None for
+    ``grpo`` and for the authors' configuration, ``paper=True``, whose planner is
+    :meth:`sera_opt.RolloutPlanner.paper_sera` with ``options`` for its policy and
+    ``tracker_options`` for its tracker).
+    """
 
     label: str
     trainer: str
     policy: str | None = None
     rounds: int | None = None
     first: int | None = None
+    options: tuple[tuple[str, Any], ...] = ()
+    paper: bool = False
+    tracker_options: tuple[tuple[str, Any], ...] = ()
+
+
+def legacy_label(label: str) -> str:
+    """The name of what an arm label of an earlier result file measured.
+
+    ``trl`` is ``grpo``; ``sera:policy=NAME[:rounds=R][:first=N]`` is ``NAME`` (with its
+    rounds when more than one); a bare ``sera[:rounds=R]`` ran the default planner of its
+    day, sera-fair at alpha 1, and reads ``sera-fair:alpha=1[:rounds=R] (default then)``.
+    Any other label is returned as it is.
+    """
+    label = str(label).strip()
+    if label == "trl":
+        return "grpo"
+    name, *options = label.split(":")
+    if name != "sera":
+        return label
+    values = dict(option.partition("=")[::2] for option in options)
+    policy = values.pop("policy", None)
+    rest = "".join(f":{key}={values[key]}" for key in ("rounds", "first")
+                   if key in values and not (key == "rounds" and values[key] == "1"))
+    if policy is None:
+        return f"sera-fair:alpha=1{rest} (default then)"
+    return f"{policy}{rest}"
 
 
 def parse_arm(text: str) -> Arm:
-    """``"trl"`` or ``"sera[:policy=NAME][:rounds=R][:first=N]"``."""
+    """``"grpo"``, ``"sera-paper[:key=value...]"`` or ``"NAME[:key=value...][:rounds=R]
+    [:first=N]"`` with NAME a registered policy (see the module's docstring)."""
     label = text.strip()
-    name, *options = label.split(":")
-    if name == "trl":
-        if options:
-            raise _harness.ArmSpecError(
-                f"arm {label!r}: the trl arm is stock GRPOTrainer with its own defaults; it takes "
-                "no options.")
-        return Arm(label=label, trainer="trl")
-    if name != "sera":
+    name = _harness.arm_policy_name(label)
+    if name in ("trl", "sera"):
         raise _harness.ArmSpecError(
-            f"arm {label!r}: an arm is 'trl' or 'sera[:policy=NAME][:rounds=R][:first=N]'.")
-    values: dict[str, Any] = {}
-    for option in options:
-        key, sep, value = option.partition("=")
-        if not sep or key not in ("policy", "rounds", "first") or key in values:
+            f"arm {label!r} is a label of earlier result files; name the arm by what it runs: "
+            f"'grpo' for stock GRPOTrainer, the policy for a SeraGRPOTrainer arm (e.g. "
+            f"'uniform', 'sera-fair:alpha=1:rounds=2'; a bare 'sera' was "
+            f"{legacy_label(label)!r}).")
+    if name == _coverage.GRPO:
+        if label != _coverage.GRPO:
             raise _harness.ArmSpecError(
-                f"arm {label!r}: options are policy=NAME, rounds=R and first=N, each at most "
-                f"once; got {option!r}.")
-        if key == "policy":
-            import sera_opt
-
-            if value not in sera_opt.available_policies():
-                raise _harness.ArmSpecError(
-                    f"arm {label!r}: unknown policy {value!r}; registered: "
-                    f"{', '.join(sera_opt.available_policies())}.")
-            values[key] = value
-        else:
-            if not value.isdigit() or int(value) < 1:
-                raise _harness.ArmSpecError(
-                    f"arm {label!r}: {key} must be a whole number >= 1, got {value!r}.")
-            values[key] = int(value)
-    if "first" in values and values.get("rounds", 2) == 1:
-        raise _harness.ArmSpecError(f"arm {label!r}: first sets the first of several rounds; "
-                                    "drop it or use rounds >= 2.")
-    return Arm(label=label, trainer="sera", **values)
+                f"arm {label!r}: the grpo arm is stock GRPOTrainer with its own defaults; it "
+                "takes no options.")
+        return Arm(label=label, trainer="trl")
+    if name == _coverage.PAPER:
+        loop = _coverage.parse_loop_arm(label)
+        return Arm(label=label, trainer="sera", rounds=1, options=loop.policy_options,
+                   paper=True, tracker_options=loop.tracker_options)
+    spec = _harness.parse_arm(label)
+    if spec.is_reinforce_ada:
+        raise _harness.ArmSpecError(
+            f"arm {label!r}: Reinforce-Ada's rounds are not a SeraGRPOTrainer planner; run it in "
+            "the project's own loops (bench maze, bench arithmetic).")
+    return Arm(label=label, trainer="sera", policy=spec.policy, rounds=spec.rounds,
+               first=spec.first, options=spec.options)
 
 
 def parse_arms(arms) -> tuple[Arm, ...]:
     """Parse a comma-separated string or a sequence of arm texts; repeated labels are refused."""
-    texts = arms.split(",") if isinstance(arms, str) else list(arms)
+    texts = _harness._split_top_level(arms, ",") if isinstance(arms, str) else list(arms)
     parsed = tuple(parse_arm(t) for t in texts)
     labels = [a.label for a in parsed]
     if len(set(labels)) != len(labels) or not labels:
@@ -241,6 +303,19 @@ def _evaluate(model, tokenizer, cfg: CoverageConfig, test, seed: int) -> dict[st
             "correct": correct.tolist()}
 
 
+def _train_rates(model, tokenizer, cfg: CoverageConfig, train, seed: int) -> dict[str, Any]:
+    """The warm start's sampled success rate of every training prompt (``eval_samples``
+    samples each) and the warm start's half of the regime check."""
+    from sera_opt.benchmarks.trl_coverage.task import count_correct, prompts_and_answers
+
+    prompts, answers = prompts_and_answers(train)
+    correct = count_correct(model, tokenizer, prompts, answers, cfg.eval_samples,
+                            max_new_tokens=cfg.answer_width, seed=seed * 1000 + 43)
+    rates = correct / cfg.eval_samples
+    return {"train_success_rates": rates.tolist(),
+            "regime": _coverage.warm_start_regime(rates)}
+
+
 def warm_start_path(out_dir: Path, cfg: CoverageConfig, seed: int) -> Path:
     return Path(out_dir) / "warm_starts" / f"seed{seed}_{cfg.warm_start_key()}.pt"
 
@@ -254,20 +329,27 @@ def warm_start_seed(cfg: CoverageConfig, seed: int, out_dir: Path) -> dict[str, 
     """
     torch = _setup(seed)
     path = warm_start_path(out_dir, cfg, seed)
-    if path.exists():
-        return torch.load(path, weights_only=False)["record"]
     from sera_opt.benchmarks.trl_coverage.task import build, warm_start
 
     train, test = _data(cfg)
     tokenizer, model = build(seed=seed, n_embd=cfg.n_embd, n_layer=cfg.n_layer,
                              n_head=cfg.n_head)
-    start, cpu_start = time.perf_counter(), time.process_time()
-    sft = warm_start(model, tokenizer, cfg, train, test.pairs(), seed)
-    record = {"seed": seed, "steps": sft["steps"], "probes": sft["probes"],
-              "loss_last": sft["losses"][-1] if sft["losses"] else None,
-              "wall_time_s": time.perf_counter() - start,
-              "cpu_time_s": time.process_time() - cpu_start,
-              **_evaluate(model, tokenizer, cfg, test, seed)}
+    if path.exists():
+        saved = torch.load(path, weights_only=False)
+        if "train_success_rates" in saved["record"]:
+            return saved["record"]
+        # A cache written before the regime check: add the training prompts' rates.
+        model.load_state_dict(saved["state_dict"])
+        record = {**saved["record"], **_train_rates(model, tokenizer, cfg, train, seed)}
+    else:
+        start, cpu_start = time.perf_counter(), time.process_time()
+        sft = warm_start(model, tokenizer, cfg, train, test.pairs(), seed)
+        record = {"seed": seed, "steps": sft["steps"], "probes": sft["probes"],
+                  "loss_last": sft["losses"][-1] if sft["losses"] else None,
+                  "wall_time_s": time.perf_counter() - start,
+                  "cpu_time_s": time.process_time() - cpu_start,
+                  **_evaluate(model, tokenizer, cfg, test, seed),
+                  **_train_rates(model, tokenizer, cfg, train, seed)}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     torch.save({"state_dict": model.state_dict(), "record": record}, tmp)
@@ -282,7 +364,8 @@ def _grpo_config(cfg: CoverageConfig, seed: int, output_dir: str):
         output_dir=output_dir, use_cpu=True, bf16=False, report_to="none", seed=seed,
         num_generations=cfg.rollouts_per_prompt, per_device_train_batch_size=cfg.budget,
         max_completion_length=cfg.answer_width, max_steps=cfg.steps,
-        learning_rate=cfg.learning_rate, temperature=1.0, logging_steps=max(1, cfg.steps),
+        learning_rate=cfg.learning_rate, lr_scheduler_type=cfg.lr_scheduler_type,
+        temperature=1.0, logging_steps=max(1, cfg.steps),
         save_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
     )
 
@@ -310,15 +393,27 @@ def _trainer_class(arm: Arm):
 def _trainer_options(arm: Arm, cfg: CoverageConfig) -> dict[str, Any]:
     if arm.trainer == "trl":
         return {}
+    import sera_opt
     from sera_opt.integrations.trl import default_planner
 
-    planner = default_planner("mean_centred", cfg.rollouts_per_prompt)
-    if arm.policy is not None:
-        import sera_opt
-
-        planner = sera_opt.RolloutPlanner(arm.policy, min_rollouts=planner.policy.min_rollouts,
-                                          max_rollouts=planner.policy.max_rollouts,
-                                          offset=planner.policy.offset)
+    if arm.paper:
+        loop = _coverage.LoopArm(label=arm.label, estimator="maxrl", paper=True,
+                                 policy_options=arm.options,
+                                 tracker_options=arm.tracker_options)
+        planner = _coverage.build_planner(loop, min_rollouts=2,
+                                          max_rollouts=4 * cfg.rollouts_per_prompt, offset=1,
+                                          tracker_decay=1.0)
+    else:
+        bounds = default_planner("mean_centred", cfg.rollouts_per_prompt).policy
+        tracker = (None if cfg.tracker_decay is None
+                   else sera_opt.SuccessTracker(decay=cfg.tracker_decay))
+        try:
+            planner = sera_opt.RolloutPlanner(arm.policy, **dict(arm.options),
+                                              min_rollouts=bounds.min_rollouts,
+                                              max_rollouts=bounds.max_rollouts,
+                                              offset=bounds.offset, tracker=tracker)
+        except (SeraOptError, TypeError, ValueError) as exc:
+            raise _harness.ArmSpecError(f"arm {arm.label!r}: {_harness._one_line(exc)}") from None
     return {"planner": planner, "rounds": arm.rounds, "first_round": arm.first}
 
 
@@ -410,15 +505,16 @@ def run_arm(cfg: CoverageConfig, seed: int, arm_text: str, out_dir: Path) -> dic
     _, evaluator = build(seed=seed, n_embd=cfg.n_embd, n_layer=cfg.n_layer, n_head=cfg.n_head)
     reward_calls: list[tuple[int, float]] = []
     steps: dict[str, list] = {key: [] for key in (
-        "wall_s", "generate_s", "generated_tokens", "generation_calls", "reward_calls",
-        "mean_reward", "cpu_s")}
+        "generate_s", "reward_calls", "mean_reward", "active_fraction", "forced_activations")}
     at_steps: list[dict] = [{"step": 0, "cpu_s": 0.0,
                              "pass_at_k": saved["record"]["pass_at_k"]}]
-    clock: dict[str, Any] = {"excluded": 0.0}
+    clock: dict[str, Any] = {}
 
     def evaluate(state_dict) -> list[float]:
         evaluator.load_state_dict(state_dict)
-        return _evaluate(evaluator, tokenizer, cfg, test, seed)["pass_at_k"]
+        result = _evaluate(evaluator, tokenizer, cfg, test, seed)
+        clock["correct"] = result["correct"]
+        return result["pass_at_k"]
 
     def snapshot():
         return copy.deepcopy(trainer.model.state_dict())
@@ -428,34 +524,42 @@ def run_arm(cfg: CoverageConfig, seed: int, arm_text: str, out_dir: Path) -> dic
             clock["grid"] = _harness.CostGrid(
                 {"cpu_s": cfg.cpu_grid_s, "tokens": cfg.token_grid, "calls": cfg.call_grid},
                 evaluate, snapshot)
-            clock["cpu_start"] = time.process_time()
+            clock["cost"] = StepCost(steps, {"tokens": ("generated_tokens", int),
+                                             "calls": ("generation_calls", int)},
+                                     wall_key="wall_s")
 
         def on_step_begin(self, args, state, control, **kwargs):
-            clock["wall"] = time.perf_counter()
+            clock["cost"].begin_step()
             clock["calls"] = len(trainer.bench_generation)
             clock["rewards"] = len(reward_calls)
 
         def on_step_end(self, args, state, control, **kwargs):
-            wall = time.perf_counter() - clock["wall"]
-            pause = time.process_time()
-            cpu = pause - clock["cpu_start"] - clock["excluded"]
             calls = trainer.bench_generation[clock["calls"]:]
             scored = reward_calls[clock["rewards"]:]
-            steps["wall_s"].append(wall)
+            cost = clock["cost"]
+            cost.count("tokens", sum(c[1] for c in calls))
+            cost.count("calls", len(calls))
             steps["generate_s"].append(sum(c[0] for c in calls))
-            steps["generated_tokens"].append(sum(c[1] for c in calls))
-            steps["generation_calls"].append(len(calls))
             steps["reward_calls"].append(len(scored))
             steps["mean_reward"].append(sum(s[1] for s in scored)
                                         / max(1, sum(s[0] for s in scored)))
-            steps["cpu_s"].append(cpu)
-            # Everything below is evaluation: its CPU time is taken out of the arm's.
+            # The planner's active set of the step, as the trainer logged it.
+            metrics = getattr(trainer, "_metrics", {}).get("train", {})
+            for key, logged in (("active_fraction", "sera/active_fraction"),
+                                ("forced_activations", "sera/forced_activations")):
+                values = metrics.get(logged) or [1.0 if key == "active_fraction" else 0.0]
+                steps[key].append(float(values[-1]))
             step = int(state.global_step)
-            clock["grid"].step_end(step, {"cpu_s": cpu, "tokens": sum(steps["generated_tokens"]),
-                                          "calls": sum(steps["generation_calls"])})
-            if step in cfg.eval_steps:
-                at_steps.append({"step": step, "cpu_s": cpu, "pass_at_k": evaluate(snapshot())})
-            clock["excluded"] += time.process_time() - pause
+            planner = getattr(trainer, "sera_planner", None)
+            if planner is not None and step * cfg.prompts_per_step % cfg.num_train == 0:
+                # A pass over the training prompts ended: the authors' estimates take it in.
+                planner.end_epoch()
+            # Everything in the block is evaluation: its CPU time is taken out of the arm's.
+            with cost.end_step() as spent:
+                clock["grid"].step_end(step, spent)
+                if step in cfg.eval_steps:
+                    at_steps.append({"step": step, "cpu_s": spent["cpu_s"],
+                                     "pass_at_k": evaluate(snapshot())})
 
     with tempfile.TemporaryDirectory(prefix="sera_bench_trl_coverage_") as output_dir:
         trainer = _make_trainer(arm, cfg, seed, model, tokenizer, dataset, output_dir,
@@ -465,8 +569,9 @@ def run_arm(cfg: CoverageConfig, seed: int, arm_text: str, out_dir: Path) -> dic
         wall = time.perf_counter() - wall_start
     return {"seed": seed, "arm": arm.label, "steps": steps, "at_steps": at_steps,
             "at_cost": clock["grid"].points, "final_pass_at_k": at_steps[-1]["pass_at_k"],
+            "final_correct": clock.get("correct"),
             "cpu_time_s": steps["cpu_s"][-1] if steps["cpu_s"] else 0.0,
-            "wall_time_s": wall, "evaluation_cpu_s": clock["excluded"]}
+            "wall_time_s": wall, "evaluation_cpu_s": clock["cost"].excluded_cpu_s}
 
 
 def with_overrides(cfg: CoverageConfig, **overrides) -> CoverageConfig:

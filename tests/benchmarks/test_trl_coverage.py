@@ -25,9 +25,9 @@ def test_the_quick_preset_runs_every_arm_and_records_its_costs(tmp_path):
     # One backend call per round: stock GRPOTrainer and the static plans one, rounds=2 two,
     # the shipped default at most its four (a round the budget cannot fill is not drawn).
     calls = {arm: run["steps"]["generation_calls"] for arm, run in runs.items()}
-    assert calls["trl"] == calls["sera:rounds=1"] == calls["sera:policy=uniform:rounds=1"] == [1] * 3
-    assert calls["sera:rounds=2"] == [2] * 3
-    assert all(2 <= n <= 4 for n in calls["sera:rounds=4"])
+    assert calls["grpo"] == calls["sera-fair:alpha=1"] == calls["uniform"] == [1] * 3
+    assert calls["sera-fair:alpha=1:rounds=2"] == [2] * 3
+    assert all(2 <= n <= 4 for n in calls["sera-fair:alpha=1:rounds=4"])
     for arm, run in runs.items():
         steps = run["steps"]
         assert len(steps["wall_s"]) == config["steps"] == 3, arm
@@ -54,7 +54,8 @@ def test_the_quick_preset_runs_every_arm_and_records_its_costs(tmp_path):
     summary = payload["summary"]
     assert summary["common_grids"] == {"cpu_s": [0.01, 0.03], "tokens": [30.0, 60.0],
                                        "calls": [1.0, 2.0]}
-    for base in trl_coverage.BASELINES:
+    assert set(summary["paired"]) == {"grpo", "uniform"}  # sera-paper is not an arm here
+    for base in summary["paired"]:
         against = summary["paired"][base]
         assert set(against) == set(trl_coverage.ARMS) - {base}
         for cell in against.values():
@@ -66,16 +67,18 @@ def test_the_quick_preset_runs_every_arm_and_records_its_costs(tmp_path):
 
     # A second run reuses the seed's cached warm start instead of training it again.
     before = warm[0].stat().st_mtime_ns
-    assert trl_coverage.main(["--quick", "--arms", "trl", "--out", str(tmp_path),
+    assert trl_coverage.main(["--quick", "--arms", "grpo", "--out", str(tmp_path),
                               "--no-progress"]) == 0
     assert warm[0].stat().st_mtime_ns == before
     again = json.loads((tmp_path / "trl_coverage.json").read_text())
     assert again["warm_starts"] == payload["warm_starts"]
 
 
-@pytest.mark.parametrize("text", ["grpo", "trl:rounds=2", "sera:rounds=0", "sera:rounds=x",
-                                  "sera:policy=nope", "sera:first=2:rounds=1",
-                                  "sera:rounds=2:rounds=4", "sera:beta=1"])
+@pytest.mark.parametrize("text", ["trl", "sera:rounds=2", "sera:policy=uniform:rounds=1",
+                                  "grpo:rounds=2", "uniform:rounds=0", "uniform:rounds=x",
+                                  "nope", "uniform:first=2:rounds=1",
+                                  "uniform:rounds=2:rounds=4", "sera-paper:rounds=2",
+                                  "reinforce-ada"])
 def test_bad_arms_are_refused_before_training(text):
     from sera_opt.benchmarks._harness import ArmSpecError
     from sera_opt.benchmarks.trl_coverage import parse_arm
@@ -91,15 +94,32 @@ def test_arms_parse_to_their_trainer_policy_and_rounds():
     arms = parse_arms(",".join(ARMS))
     assert [a.trainer for a in arms] == ["trl", "sera", "sera", "sera", "sera"]
     assert [a.rounds for a in arms] == [None, 1, 1, 2, 4]
-    assert arms[1].policy == "uniform" and arms[4].policy is None
-    assert parse_arm("sera:rounds=3:first=2").first == 2
+    assert [a.policy for a in arms] == [None, "uniform", "sera-fair", "sera-fair", "sera-fair"]
+    assert arms[2].options == (("alpha", 1),)
+    assert parse_arm("uniform:rounds=3:first=2").first == 2
+    paper = parse_arm("sera-paper:rounding=exact:cold_start=prior")
+    assert paper.paper and paper.options == (("rounding", "exact"),)
+    assert paper.tracker_options == (("cold_start", "prior"),)
     with pytest.raises(ArmSpecError):
-        parse_arms("trl,trl")
+        parse_arms("grpo,grpo")
+
+
+@pytest.mark.parametrize("old,new", [
+    ("trl", "grpo"), ("sera:policy=uniform:rounds=1", "uniform"),
+    ("sera:policy=sera-fair:rounds=2", "sera-fair:rounds=2"),
+    ("sera:rounds=1", "sera-fair:alpha=1 (default then)"),
+    ("sera:rounds=4", "sera-fair:alpha=1:rounds=4 (default then)"),
+    ("uniform", "uniform")])
+def test_earlier_labels_read_as_what_they_measured(old, new):
+    from sera_opt.benchmarks.trl_coverage.train import legacy_label
+
+    assert legacy_label(old) == new
 
 
 @pytest.mark.parametrize("argv", [["--jobs", "0"], ["--cpu-grid", "5,x"], ["--cpu-grid", "10,5"],
                                   ["--cpu-grid", "0,5"], ["--steps", "0"], ["--seeds", "0"],
-                                  ["--arms", "trl,grpo"]])
+                                  ["--arms", "grpo,grpo"], ["--arms", "sera:rounds=1"],
+                                  ["--preset", "expand", "--quick"]])
 def test_bad_options_are_refused_before_any_work(argv, tmp_path):
     from sera_opt.cli import main
 
@@ -116,7 +136,7 @@ def test_merge_combines_seed_shards_and_refuses_overlaps(tmp_path):
     grid = {"cpu_s": cfg.cpu_grid_s, "tokens": cfg.token_grid, "calls": cfg.call_grid}
     curve = list(np.linspace(0.1, 0.9, cfg.eval_samples))
 
-    def shard(seed, arms=("trl", "sera")):
+    def shard(seed, arms=("trl", "sera:policy=uniform:rounds=1")):
         runs = [{"seed": seed, "arm": arm, "final_pass_at_k": curve,
                  "at_steps": [{"step": 0, "pass_at_k": curve}],
                  "at_cost": {cost: [{"at": t, "step": 0, "spent": 0.0, "value": curve}
@@ -132,9 +152,13 @@ def test_merge_combines_seed_shards_and_refuses_overlaps(tmp_path):
 
     merged_cfg, result = runner._merge([shard(0), shard(1)])
     assert result["seeds"] == [0, 1] and merged_cfg.seeds == 2
-    summary = runner.summarize(merged_cfg, result["seeds"], result["runs"])
-    cell = summary["paired"]["trl"]["sera"]["final_step_at"]["pass@1"]
+    # The earlier files' labels come back as what those arms ran.
+    assert merged_cfg.arms == ("grpo", "uniform")
+    summary = runner.summarize(merged_cfg, result["seeds"], result["runs"],
+                               result["warm_starts"])
+    cell = summary["paired"]["grpo"]["uniform"]["final_step_at"]["pass@1"]
     assert cell["n"] == 2 and cell["mean"] == 0.0
+    assert "coverage" not in summary  # quick has no pass@64: no regime check to make
     with pytest.raises(SeraOptError, match="more than one file"):
         runner._merge([shard(0), shard(0)])
     with pytest.raises(SeraOptError, match="one configuration"):
