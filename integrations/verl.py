@@ -460,6 +460,30 @@ def round_groups(groups: Mapping[Any, tuple[Any, int]]) -> Iterator[Mapping[Any,
         _ROUND_GROUPS.reset(token)
 
 
+_MEAN_COUNT: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "sera_opt_verl_mean_count", default=None
+)
+
+
+@contextlib.contextmanager
+def fixed_mean_count(value: float) -> Iterator[float]:
+    """Use ``value`` as the multiplicity correction's ``nbar`` in the estimator calls
+    made inside (:func:`sera_opt.maxrl_advantages`' ``mean_count``).
+
+    The ``sera_sync`` mode sets it to ``actor_rollout_ref.rollout.n`` (``N0``) when its
+    planner can switch prompts off: their rollouts went to the active prompts, whose
+    weights stay ``N0 / n_i`` (docs/theory.md, "SERA as its authors run it").
+    """
+    from sera_opt.problem import validate_real
+
+    value = validate_real(value, "mean_count", minimum=0.0, strict=True)
+    token = _MEAN_COUNT.set(value)
+    try:
+        yield value
+    finally:
+        _MEAN_COUNT.reset(token)
+
+
 def _advantages_of_round_rows(token_level_rewards, response_mask, index, config, groups):
     """The estimator on the rows that ``groups`` names (see :func:`round_groups`); 0 elsewhere."""
     values = index.tolist() if isinstance(index, (np.ndarray, torch.Tensor)) else list(index)
@@ -615,6 +639,7 @@ def compute_sera_maxrl_advantage(
                 success_threshold=options.success_threshold,
                 num_prompts=max(num_prompts, 1),
                 round_index=rounds,
+                mean_count=_MEAN_COUNT.get(),
             )
         except SeraOptError as exc:
             raise SeraOptError(
@@ -636,6 +661,7 @@ def _record_call(index, outcomes, prompt_index, num_prompts, options) -> Estimat
         multiplicity_correction=options.multiplicity_correction,
         success_threshold=options.success_threshold,
         num_prompts=max(num_prompts, 1),
+        mean_count=_MEAN_COUNT.get(),
     )
     return EstimatorCall(
         uids=np.asarray(index, dtype=object).copy(),
@@ -840,7 +866,9 @@ def build_planner(options: SeraMaxRLConfig, mean_count: int):
     min_rollouts, max_rollouts = _bounds(options, mean_count)
     tracker = None
     if options.tracker_options:
-        tracker = sera_opt.SuccessTracker(**dict(options.tracker_options))
+        # The authors' configuration keeps its own estimates (frozen per epoch).
+        kind = sera_opt.EpochTracker if options.policy == "sera-paper" else sera_opt.SuccessTracker
+        tracker = kind(**dict(options.tracker_options))
     return sera_opt.RolloutPlanner(
         policy=options.policy,
         tracker=tracker,

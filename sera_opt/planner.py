@@ -304,6 +304,13 @@ class RolloutPlanner(LockedState):
         policy, (tracker, prior, static_policy), success_probs, options = self._inputs(
             prompt_ids, allocate_options, "start_rounds", posterior=True, rounds=count > 1)
         ids = _id_array(prompt_ids)
+        if _batch_is_cold(tracker, prompt_ids):
+            # The authors' cold start: a batch with an unseen prompt is uniform, in every round.
+            policy = static_policy = _cold_start_policy(static_policy, min_rollouts,
+                                                        max_rollouts)
+            if success_probs is None:
+                success_probs = prior[0] / (prior[0] + prior[1])
+            options.pop("posterior", None)
         if policy is not static_policy and max_rollouts is None and policy.max_rollouts is None:
             # The round policy keeps the planner's cap (max_ratio times the average
             # count), which the static policy computes per call.
@@ -510,13 +517,17 @@ def _cold_start(policy: AllocationPolicy, success_probs, budget, min_rollouts, m
                 ) -> Allocation:
     """Every prompt of the batch active with the same count (``N0`` each, weight 1), as
     the authors plan a batch with an unseen prompt: plain MaxRL."""
+    alloc = _cold_start_policy(policy, min_rollouts, max_rollouts).allocate(success_probs, budget)
+    return alloc.replace(solver=f"{policy.name} (cold start: uniform)", status="cold start")
+
+
+def _cold_start_policy(policy: AllocationPolicy, min_rollouts, max_rollouts) -> AllocationPolicy:
+    """Uniform allocation with ``policy``'s offset and bounds (the call's where given)."""
     from .policies import UniformPolicy
 
     lo = policy.min_rollouts if min_rollouts is None else min_rollouts
     hi = policy.max_rollouts if max_rollouts is None else max_rollouts
-    uniform = UniformPolicy(offset=policy.offset, min_rollouts=lo, max_rollouts=hi)
-    alloc = uniform.allocate(success_probs, budget)
-    return alloc.replace(solver=f"{policy.name} (cold start: uniform)", status="cold start")
+    return UniformPolicy(offset=policy.offset, min_rollouts=lo, max_rollouts=hi)
 
 
 def _check_default_options(options: dict[str, Any]) -> None:

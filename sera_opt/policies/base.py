@@ -435,9 +435,10 @@ class AllocationPolicy(ABC):
         problem = self.validate(success_probs, budget, min_rollouts=min_rollouts,
                                 max_rollouts=max_rollouts, **inputs)
         # One round is the static allocation itself (validated the same way just now).
-        static = (self.allocate(success_probs, budget, min_rollouts=min_rollouts,
-                                max_rollouts=max_rollouts, **inputs).counts
-                  if rounds == 1 or self.active_threshold is not None else None)
+        plan = (self.allocate(success_probs, budget, min_rollouts=min_rollouts,
+                              max_rollouts=max_rollouts, **inputs)
+                if rounds == 1 or self.active_threshold is not None else None)
+        static = None if plan is None else plan.counts
         lo, hi = np.array(problem.min_rollouts), np.array(problem.max_rollouts)
         if self.active_threshold is not None:
             # The active set is chosen once, before the first round: the rounds share the
@@ -464,11 +465,14 @@ class AllocationPolicy(ABC):
         else:
             first_round = validate_count(first_round, "first_round", minimum=1)
         others = {k: v for k, v in inputs.items() if k != "posterior"}
-        return RoundSession(self, problem.budget, rounds=rounds, first_round=first_round,
+        session = RoundSession(self, problem.budget, rounds=rounds, first_round=first_round,
                             later_budgets=later_budgets, lo=lo, hi=hi,
                             truth=None if prior is not None else problem.success_probs,
                             prior=prior, inputs=others, static_counts=static,
                             prompt_ids=prompt_ids, observer=observer, rounds_named=named)
+        # The static plan behind the first round (its active set, where it has one).
+        session.static_allocation = plan
+        return session
 
     def bounds(self, num_prompts: int, budget: int, *, min_rollouts=None, max_rollouts=None):
         """``(min_rollouts, max_rollouts)`` of a call over ``num_prompts`` prompts: the

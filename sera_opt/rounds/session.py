@@ -301,6 +301,11 @@ class RoundSession:
         self._stopped = False
         self._result: RoundResult | None = None
         self._wall = 0.0
+        #: The static plan behind the first round (an :class:`~sera_opt.Allocation`, with
+        #: its active set where the policy has one); None for a session in rounds whose
+        #: first round is not a plan of the policy's, and in a copy (which carries the
+        #: step's counts, not the plan's problem).
+        self.static_allocation = None
 
     # ------------------------------------------------------------ a value
     def __getstate__(self) -> dict[str, Any]:
@@ -309,6 +314,7 @@ class RoundSession:
         state = self.__dict__.copy()
         del state["_lock"]
         state["_observer"] = None
+        state["static_allocation"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

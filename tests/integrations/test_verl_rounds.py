@@ -619,3 +619,43 @@ def test_rows_from_outside_the_rounds_are_refused(variant, monkeypatch, tmp_path
     meta = KVBatchMeta(keys=["stranger_0_0"], tags=[{}], partition_id="train")
     with pytest.raises(SeraOptError, match="did not generate"):
         trainer._compute_advantage(meta, {})
+
+
+# ----------------------------------------------------------------------------
+# Prompts switched off (an active set) in the sync mode
+# ----------------------------------------------------------------------------
+
+
+def test_switched_off_prompts_keep_the_batchs_rollouts_and_n0_weights(sv, variant, monkeypatch,
+                                                                      tmp_path):
+    trainer, engine, store = build_trainer(
+        variant, monkeypatch, tmp_path, seed=3, history=False,
+        sera_maxrl={"rounds": 1, "policy": "sera", "max_rollouts": 16,
+                    "policy_options": {"active_threshold": 0.05}})
+    assert trainer.sera_switches_off
+    # Prompt 105 has succeeded 60 times: too easy to give a mixed group at 2 rollouts.
+    ids = [100] * 8 + [101] * 8 + [102] * 8 + [103] * 8 + [104] * 8 + [105] * 60
+    outcomes = [0] * 7 + [1] + [0] * 6 + [1] * 2 + [1, 0] * 4 + [1, 0] * 4 + [1] * 6 + [0] * 2
+    trainer.sera_planner.observe(ids, np.asarray(outcomes + [1] * 60, dtype=float))
+    prompt_ids = list(range(100, 100 + NUM_PROMPTS))
+    planner = sv.build_planner(trainer.sera_options, trainer.sera_mean_count)
+    planner.load_state_dict(trainer.sera_planner.state_dict())
+    planned = planner.plan(prompt_ids, NUM_PROMPTS * MEAN_COUNT)
+    assert planned.counts[5] == 0, "the case must switch prompt 105 off"
+    batch, metrics = run_step(trainer)
+    sessions = [s for call in engine.calls for s in call]
+    assert len(engine.calls) == 1
+    # The step drew exactly the batch's rollouts, none for the switched-off prompt.
+    assert len(sessions) == NUM_PROMPTS * MEAN_COUNT
+    drawn = Counter(s["index"] for s in sessions)
+    assert [drawn[i] for i in prompt_ids] == planned.counts.tolist()
+    assert metrics["sera/active_fraction"] == pytest.approx(5 / 6)
+    assert metrics["sera/switched_off_too_easy"] == 1.0
+    # The advantages: MaxRL with N0 / n_i weights (N0 = rollout.n).
+    session_of = {s["key"]: s for s in sessions}
+    real = [k for k in batch.keys if k in session_of]
+    outcomes_t = torch.tensor([session_of[k]["reward"] for k in real])
+    prompt = torch.tensor([session_of[k]["index"] - 100 for k in real])
+    expected = sera_opt.maxrl_advantages(outcomes_t, prompt, mean_count=float(MEAN_COUNT))
+    got = torch.stack([store.written[k]["advantages"][0] for k in real])
+    torch.testing.assert_close(got, expected.to(got.dtype), rtol=0, atol=0)
