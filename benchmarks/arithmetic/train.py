@@ -100,6 +100,12 @@ class ExperimentConfig:
             raise SeraOptError(
                 f"prompts_per_step={self.prompts_per_step} exceeds num_train={self.num_train}."
             )
+        if self.num_train % self.prompts_per_step:
+            # Steps walk passes over the pool: a step across two passes could hold a prompt
+            # twice, and a pass (the authors' epoch) would end inside a step.
+            raise SeraOptError(
+                f"num_train={self.num_train} must be a multiple of prompts_per_step="
+                f"{self.prompts_per_step}, so that every step lies within one pass over the pool.")
         if not self.min_rollouts <= self.rollouts_per_prompt <= self.max_rollouts:
             raise SeraOptError(
                 "rollouts_per_prompt must lie between min_rollouts and max_rollouts so that "
@@ -176,15 +182,15 @@ PRESETS: dict[str, ExperimentConfig] = {
         cpu_grid_s=(), token_grid=(), call_grid=(),
         policies=("uniform", "sera-fair:alpha=1", "sera", "hora", "sera-bayes"),
     ),
-    # Where training can raise coverage (issue 51): a pool of 2,000 problems visited in
+    # Where training can raise coverage (issue 51): a pool of 2,048 problems visited in
     # 11 passes (every prompt revisited 10 times), a disjoint held-out set of 1,000, the
     # warm start stopped at 0.12 sampled success, N0 = 16 with the authors' bounds 2 and
     # 4 N0 = 64, Adam at a constant learning rate. The arms and the rule:
     # docs/decisions/2026-12-07-coverage-expansion-rule.md.
     "expand": ExperimentConfig(
-        num_train=2000, num_test=1000, sft_target_success=0.12, sft_steps=3000,
+        num_train=2048, num_test=1000, sft_target_success=0.12, sft_steps=3000,
         rollouts_per_prompt=16, min_rollouts=2, max_rollouts=64, prompts_per_step=64,
-        rl_steps=344, min_visits=11, curve_every=43, curve_samples=8,
+        rl_steps=352, min_visits=11, curve_every=43, curve_samples=8,
         cpu_grid_s=(20.0, 40.0, 60.0, 80.0), token_grid=(500_000.0, 1_000_000.0),
         call_grid=(100.0, 200.0, 300.0), seeds=16, policies=_coverage.COVERAGE_ARMS,
     ),

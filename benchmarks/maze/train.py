@@ -120,6 +120,9 @@ class MazeConfig:
                 problems.append(f"{name} must hold positive, increasing amounts")
         if "uniform" not in self.arms:
             problems.append(f"arms={self.arms} must include 'uniform', the baseline")
+        if self.epoch_order and self.num_train % self.mazes_per_step:
+            problems.append("epoch_order needs num_train to be a multiple of mazes_per_step (a "
+                            "step within one pass)")
         if self.train_probe_samples is not None and self.train_probe_samples < 1:
             problems.append("train_probe_samples must be positive (or None)")
         if problems:

@@ -25,7 +25,7 @@ def test_arithmetic_expand_preset_is_the_registered_regime():
     from sera_opt.benchmarks.arithmetic.train import PRESETS
 
     cfg = PRESETS["expand"].validate()
-    assert (cfg.num_train, cfg.num_test, cfg.sft_target_success) == (2000, 1000, 0.12)
+    assert (cfg.num_train, cfg.num_test, cfg.sft_target_success) == (2048, 1000, 0.12)
     assert (cfg.rollouts_per_prompt, cfg.min_rollouts, cfg.max_rollouts) == (16, 2, 64)
     # every prompt visited 11 times: revisited at least 10 times
     assert cfg.rl_steps * cfg.prompts_per_step >= 11 * cfg.num_train
@@ -34,6 +34,8 @@ def test_arithmetic_expand_preset_is_the_registered_regime():
     assert not set(map(tuple, train.pairs())) & set(map(tuple, test.pairs()))
     with pytest.raises(SeraOptError, match="min_visits"):
         replace(cfg, rl_steps=300).validate()
+    with pytest.raises(SeraOptError, match="multiple of prompts_per_step"):
+        replace(cfg, num_train=2000).validate()
 
 
 def test_maze_paper_preset_is_the_hard_mazes_with_the_papers_settings():
