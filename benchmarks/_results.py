@@ -22,8 +22,9 @@ import numpy as np
 
 from sera_opt.exceptions import SeraOptError
 
-__all__ = ["ResultFileError", "check_output", "curve", "preset_differences", "read_json",
-           "read_result", "run_tool", "same_files"]
+__all__ = ["ARM_FIELDS", "ResultFileError", "check_output", "check_preset", "curve",
+           "preset_differences", "presets", "read_json", "read_result", "run_tool",
+           "same_files"]
 
 
 class ResultFileError(SeraOptError):
@@ -190,12 +191,63 @@ def preset_differences(config: Mapping[str, Any], preset: Mapping[str, Any], *,
     return out
 
 
+#: The configuration field that lists a benchmark's arms.
+ARM_FIELDS = {"trl_coverage": "arms", "maze": "arms", "arithmetic": "policies"}
+
+
+def presets(kind: str) -> dict[str, dict[str, Any]]:
+    """The presets of benchmark ``kind`` (trl_coverage, maze, arithmetic) as a result's
+    ``config`` holds them."""
+    if kind == "trl_coverage":
+        from sera_opt.benchmarks.trl_coverage.train import PRESETS
+    elif kind == "maze":
+        from sera_opt.benchmarks.maze.train import PRESETS
+    elif kind == "arithmetic":
+        from dataclasses import asdict
+
+        from sera_opt.benchmarks.arithmetic.train import PRESETS
+
+        return {name: {**asdict(cfg), "budget": cfg.budget} for name, cfg in PRESETS.items()}
+    else:
+        raise ResultFileError(f"no presets are known for the {kind!r} benchmark")
+    return {name: cfg.to_dict() for name, cfg in PRESETS.items()}
+
+
+def check_preset(payload: Mapping[str, Any], *, kind: str, preset: str, label: str, name: str,
+                 command: str) -> None:
+    """Refuse a result that is not a run of ``kind``'s ``preset`` with only its arms and seeds
+    changed (what a decision rule fixes before its runs): the message names the preset the
+    file is a run of, or the fields that differ, and the command that makes the right file."""
+    if payload.get("benchmark") != kind:
+        raise ResultFileError(f"{label} is a {payload.get('benchmark')!r} result, but {name} "
+                              f"is a {kind!r} run: {command}")
+    known = presets(kind)
+    ignore = ("seeds", ARM_FIELDS[kind])
+    config = payload.get("config")
+    if not isinstance(config, Mapping):
+        raise ResultFileError(f"{label} has no configuration ('config'); give the JSON its "
+                              "run wrote")
+    differences = preset_differences(config, known[preset], ignore=ignore)
+    if differences:
+        others = [other for other, values in known.items() if other != preset
+                  and not preset_differences(config, values, ignore=ignore)]
+        what = (f"a run of the {others[0]!r} preset" if others else
+                f"not the {preset!r} preset ({'; '.join(differences[:3])}"
+                f"{'; ...' if len(differences) > 3 else ''})")
+        raise ResultFileError(f"{label} is {what}; {name} is {kind}'s {preset!r} preset, "
+                              f"nothing changed but the arms and seeds: {command}")
+
+
 def run_tool(prog: str, main: Callable[[list[str] | None], int],
              argv: list[str] | None = None) -> int:
     """Run a tool's ``main``: a :class:`SeraOptError` becomes one line on stderr and exit
-    status 2."""
+    status 2, as does a refused command line (its parser printed the line)."""
     try:
         return int(main(argv) or 0)
+    except SystemExit as exc:
+        if isinstance(exc.code, int) or exc.code is None:
+            return int(exc.code or 0)
+        raise
     except SeraOptError as exc:
         message = " ".join(part.strip() for part in str(exc).splitlines() if part.strip())
         print(f"{prog}: error: {message}", file=sys.stderr)

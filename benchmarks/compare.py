@@ -7,16 +7,17 @@ missing from AFTER. Numbers are compared exactly (a refactor must reproduce
 them bit for bit); what depends on the machine or the moment is skipped: the
 ``machine`` description, ``timings``, the ``command`` line and every key that
 names a wall or CPU time. Entries only AFTER has (a new statistic) are listed but are
-not differences.
+not differences. A file that is absent, empty, truncated or not JSON, or two files of
+different benchmarks, is refused in one line with exit status 2.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
+
+from sera_opt.benchmarks import _results
 
 __all__ = ["IGNORED_KEYS", "compare_payloads", "main"]
 
@@ -61,16 +62,32 @@ def compare_payloads(before: Any, after: Any, path: str = "") -> tuple[list[str]
     return differences, additions
 
 
+PROG = "python -m sera_opt.benchmarks.compare"
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sera_opt.benchmarks.compare",
-                                     description=__doc__.splitlines()[0])
+    """The command line: 0 when the numbers are the same, 1 when they differ, 2 when a file
+    cannot be compared (one line on stderr)."""
+    return _results.run_tool(PROG, _main, argv)
+
+
+def _main(argv=None) -> int:
+    from sera_opt.benchmarks import _harness
+    from sera_opt.cli.errors import Parser
+
+    parser = Parser(prog=PROG, description=__doc__.splitlines()[0])
     parser.add_argument("before", type=Path)
     parser.add_argument("after", type=Path)
-    parser.add_argument("--show", type=int, default=20,
+    parser.add_argument("--show", type=_harness.at_least(0), default=20,
                         help="how many differences and additions to print (default 20)")
     args = parser.parse_args(argv)
-    before = json.loads(args.before.read_text())
-    after = json.loads(args.after.read_text())
+    before = _results.read_json(args.before, flag="BEFORE")
+    after = _results.read_json(args.after, flag="AFTER")
+    kinds = [p.get("benchmark") if isinstance(p, dict) else None for p in (before, after)]
+    if kinds[0] != kinds[1]:
+        raise _results.ResultFileError(
+            f"BEFORE is a {kinds[0]!r} result and AFTER a {kinds[1]!r} one: compare two runs "
+            "of one benchmark")
     differences, additions = compare_payloads(before, after)
     for line in differences[:args.show]:
         print(f"differs: {line}")

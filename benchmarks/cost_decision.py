@@ -57,8 +57,6 @@ RULE_RUNS = {
                               "sera-opt bench arithmetic --arms uniform,sera-fair:alpha=1,"
                               "uniform:rounds=2,uniform:rounds=4 --out runs/arithmetic"),
 }
-#: The configuration field that lists a benchmark's arms.
-_ARM_FIELDS = {"trl_coverage": "arms", "maze": "arms", "arithmetic": "policies"}
 #: Each benchmark's names for its (CPU, tokens-or-moves, calls) grids and their keys.
 _TOKEN_GRIDS = (("cpu_s", "cpu_grid_s"), ("tokens", "token_grid"), ("calls", "call_grid"))
 _GRIDS = {"trl_coverage": _TOKEN_GRIDS, "arithmetic": _TOKEN_GRIDS,
@@ -67,38 +65,16 @@ _GRIDS = {"trl_coverage": _TOKEN_GRIDS, "arithmetic": _TOKEN_GRIDS,
 
 def _presets(kind: str) -> dict[str, dict[str, Any]]:
     """A benchmark's presets as its result's ``config`` holds them."""
-    if kind == "trl_coverage":
-        from sera_opt.benchmarks.trl_coverage.train import PRESETS
-    elif kind == "maze":
-        from sera_opt.benchmarks.maze.train import PRESETS
-    else:
-        from dataclasses import asdict
-
-        from sera_opt.benchmarks.arithmetic.train import PRESETS
-
-        return {name: {**asdict(cfg), "budget": cfg.budget} for name, cfg in PRESETS.items()}
-    return {name: cfg.to_dict() for name, cfg in PRESETS.items()}
+    return _results.presets(kind)
 
 
 def check_run(name: str, payload: dict, *, label: str) -> None:
     """Refuse a result that is not the run the rule names for configuration ``name``: another
     benchmark, another preset, or a configuration changed beside the arms and seeds
     (:func:`summarize` checks the arms, the seeds and pass@k)."""
-    flag, kind, preset, _, command = RULE_RUNS[name]
-    if payload.get("benchmark") != kind:
-        raise ResultFileError(f"{label} is a {payload.get('benchmark')!r} result, but {name} "
-                              f"is a {kind!r} run: {command}")
-    presets = _presets(kind)
-    ignore = ("seeds", _ARM_FIELDS[kind])
-    differences = _results.preset_differences(payload["config"], presets[preset], ignore=ignore)
-    if differences:
-        others = [other for other, config in presets.items() if other != preset
-                  and not _results.preset_differences(payload["config"], config, ignore=ignore)]
-        what = (f"a run of the {others[0]!r} preset" if others else
-                f"not the {preset!r} preset ({'; '.join(differences[:3])}"
-                f"{'; ...' if len(differences) > 3 else ''})")
-        raise ResultFileError(f"{label} is {what}; {name} is {kind}'s {preset!r} preset, "
-                              f"nothing changed but the arms and seeds: {command}")
+    _, kind, preset, _, command = RULE_RUNS[name]
+    _results.check_preset(payload, kind=kind, preset=preset, label=label, name=name,
+                          command=command)
 
 
 def _runs(payload: dict, *, label: str | None = None

@@ -10,41 +10,73 @@ time per arm, and the rule's verdict. A configuration not given counts as not ru
 
     python -m sera_opt.benchmarks.rounds_decision --maze M.json --maze-hard H.json \\
         --arithmetic A.json [--out summary.json]
+
+Each file must be a whole run of the configuration it is given as (:data:`RULE_RUNS`: its
+benchmark and preset, the baseline arm, the rule's seeds paired over the arms, pass@k up to
+k = 64, no NaN), and no file may be given twice; anything else, and an ``--out`` that cannot
+be written, is refused in one line with exit status 2 before any work.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from sera_opt.benchmarks import _harness
+from sera_opt.benchmarks import _harness, _results
+from sera_opt.benchmarks._results import ResultFileError
 
 BASELINE = "sera-fair:alpha=1"
 CANDIDATES = ("sera-fair:alpha=1:rounds=4", "uniform:rounds=4")
 CONFIGURATIONS = ("maze default", "maze hard", "arithmetic")
 KS = (1, 16, 64)
+_ARMS = "uniform,sera-fair:alpha=1,sera-fair:alpha=1:rounds=4,uniform:rounds=4"
+#: What the rule runs for each configuration (docs/benchmarks.md, the rounds rule): the
+#: command-line flag, the benchmark, its preset, the seeds and the command.
+RULE_RUNS = {
+    "maze default": ("--maze", "maze", "default", 16, f"sera-opt bench maze --arms {_ARMS}"),
+    "maze hard": ("--maze-hard", "maze", "hard", 16,
+                  f"sera-opt bench maze --preset hard --arms {_ARMS}"),
+    "arithmetic": ("--arithmetic", "arithmetic", "default", 10,
+                   f"sera-opt bench arithmetic --arms {_ARMS}"),
+}
 
 
-def _runs(payload: dict):
-    """(arm -> {seed: pass@k curve}, arm -> [CPU seconds], arm -> [round diagnostics])."""
+def _runs(payload: dict, label: str):
+    """(arm -> {seed: pass@k curve}, arm -> [CPU seconds], arm -> [round diagnostics]),
+    every curve checked: at least k = 64 values, none NaN."""
     curves: dict[str, dict[int, np.ndarray]] = {}
     cpu: dict[str, list[float]] = {}
     rounds: dict[str, list] = {}
-    if payload["benchmark"] == "maze":
-        items = [(r["arm"], r["seed"], r) for r in payload["runs"]]
-        cpu_key = "cpu_time"
-    else:
-        items = [(arm, r["seed"], v) for r in payload["runs"] for arm, v in r["policies"].items()]
-        cpu_key = "cpu_time_s"
-    for arm, seed, run in items:
-        curves.setdefault(arm, {})[seed] = np.asarray(run["pass_at_k"], dtype=float)
-        cpu.setdefault(arm, []).append(float(run[cpu_key]))
-        if "rounds" in run["curves"]:
-            rounds.setdefault(arm, []).append(run["curves"]["rounds"])
+    kind = payload.get("benchmark")
+    if kind not in ("maze", "arithmetic"):
+        raise ResultFileError(f"{label} is not a result of maze or arithmetic (benchmark "
+                              f"{kind!r})")
+    try:
+        if kind == "maze":
+            items = [(r["arm"], r["seed"], r) for r in payload["runs"]]
+            cpu_key = "cpu_time"
+        else:
+            items = [(arm, r["seed"], v) for r in payload["runs"]
+                     for arm, v in r["policies"].items()]
+            cpu_key = "cpu_time_s"
+        for arm, seed, run in items:
+            where = f"{label}, arm {arm!r}, seed {seed}"
+            if int(seed) in curves.get(arm, {}):
+                raise ResultFileError(f"{where} appears twice")
+            curves.setdefault(arm, {})[int(seed)] = _results.curve(
+                run["pass_at_k"], k=max(KS), where=where)
+            cpu.setdefault(arm, []).append(float(run[cpu_key]))
+            if "rounds" in run["curves"]:
+                rounds.setdefault(arm, []).append(run["curves"]["rounds"])
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        if isinstance(exc, ResultFileError):
+            raise
+        what = f"no {exc.args[0]!r}" if isinstance(exc, KeyError) else str(exc)
+        raise ResultFileError(f"{label} is not a whole {kind} result ({what}); give the JSON "
+                              "its run wrote") from None
     return curves, cpu, rounds
 
 
@@ -76,14 +108,41 @@ def _round_summary(runs: list, last: int = 50) -> dict:
     return out
 
 
-def summarize(payload: dict) -> dict:
-    curves, cpu, rounds = _runs(payload)
+def summarize(payload: dict, name: str | None = None, *, label: str | None = None) -> dict:
+    """One configuration: each arm's paired difference to the baseline, the CPU time and
+    the round diagnostics. With ``name`` (a key of :data:`RULE_RUNS`) the run must also have
+    the rule's number of seeds.
+
+    Raises
+    ------
+    ResultFileError
+        When the payload is not a whole result, has no baseline arm, its arms ran different
+        seeds, or a pass@k curve stops before k = 64 or holds NaN.
+    """
+    label = label or "the result"
+    if not isinstance(payload, dict):
+        raise ResultFileError(f"{label} is not a result object")
+    curves, cpu, rounds = _runs(payload, label)
     if BASELINE not in curves:
-        raise SystemExit(f"the run has no {BASELINE!r} arm, the rule's baseline")
+        raise ResultFileError(f"{label} has no {BASELINE!r} arm, the rule's baseline; run it "
+                              "with the rule's arms")
     seeds = sorted(curves[BASELINE])
+    for arm, by_seed in curves.items():
+        if sorted(by_seed) != seeds:
+            raise ResultFileError(f"{label}: arm {arm!r} ran seeds {sorted(by_seed)}, the "
+                                  f"baseline {seeds}: the comparison is paired by seed")
+    if name is not None and len(seeds) != RULE_RUNS[name][3]:
+        raise ResultFileError(f"{label} ran {len(seeds)} seed(s); the rule judges {name} on "
+                              f"{RULE_RUNS[name][3]}: {RULE_RUNS[name][4]}")
+    try:
+        round_summaries = {a: _round_summary(v) for a, v in rounds.items()}
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        what = f"no {exc.args[0]!r}" if isinstance(exc, KeyError) else str(exc)
+        raise ResultFileError(f"{label} has incomplete round diagnostics ({what}); give the "
+                              "JSON its run wrote") from None
     out: dict = {"seeds": len(seeds), "paired": {}, "command": payload.get("command"),
                  "cpu_time_per_arm_s": {a: float(np.mean(v)) for a, v in cpu.items()},
-                 "rounds": {a: _round_summary(v) for a, v in rounds.items()}}
+                 "rounds": round_summaries}
     base = np.stack([curves[BASELINE][s] for s in seeds])
     for arm, by_seed in curves.items():
         if arm == BASELINE:
@@ -151,20 +210,38 @@ def _print(summaries: dict, rule: dict) -> None:
     print(f"choice: {rule['choice'] or 'none: static allocation stays the default'}")
 
 
+PROG = "python -m sera_opt.benchmarks.rounds_decision"
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sera_opt.benchmarks.rounds_decision",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--maze", type=Path)
-    parser.add_argument("--maze-hard", type=Path)
-    parser.add_argument("--arithmetic", type=Path)
+    """The command line; every refusal is one line on stderr and exit status 2."""
+    return _results.run_tool(PROG, _main, argv)
+
+
+def _main(argv=None) -> int:
+    from sera_opt.cli.errors import Parser
+
+    parser = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--maze", type=Path, help="the default maze preset's JSON")
+    parser.add_argument("--maze-hard", type=Path, help="the hard maze preset's JSON")
+    parser.add_argument("--arithmetic", type=Path, help="arithmetic JSON")
     parser.add_argument("--out", type=Path, default=None, help="write the summary as JSON")
     args = parser.parse_args(argv)
-    summaries = {}
-    for name, path in zip(CONFIGURATIONS, (args.maze, args.maze_hard, args.arithmetic)):
-        if path is not None:
-            summaries[name] = summarize(json.loads(path.read_text()))
-    if not summaries:
+    given = dict(zip(CONFIGURATIONS, (args.maze, args.maze_hard, args.arithmetic)))
+    if all(path is None for path in given.values()):
         parser.error("give at least one of --maze, --maze-hard, --arithmetic")
+    _results.check_output(args.out, flag="--out", suffix=".json")
+    _results.same_files({RULE_RUNS[name][0]: path for name, path in given.items()})
+    summaries = {}
+    for name, path in given.items():
+        if path is None:
+            continue
+        flag, kind, preset, _, command = RULE_RUNS[name]
+        label = f"{flag} {str(path)!r}"
+        payload = _results.read_result(path, flag=flag, benchmark=kind, keys=("config", "runs"))
+        _results.check_preset(payload, kind=kind, preset=preset, label=label, name=name,
+                              command=command)
+        summaries[name] = summarize(payload, name, label=label)
     rule = verdict(summaries)
     _print(summaries, rule)
     if args.out is not None:

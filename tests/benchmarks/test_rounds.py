@@ -90,3 +90,74 @@ def test_round_summary_pads_rules_that_stop_early():
     # arithmetic's record has the lists themselves
     lists = [{"round_budgets": [8, 4], "active_fraction": [0.5, 0.0]}]
     assert rd._round_summary([lists])["rollouts_per_step"] == 12
+
+
+# --------------------------------------------------------------------------- the rule's files
+
+
+def _rule_file(tmp_path, name="maze.json", *, preset="default", seeds=16, edit=None):
+    """A maze result of ``preset`` with the rule's seeds, as a file; ``edit(payload)`` first."""
+    import json
+
+    from sera_opt.benchmarks import _results
+
+    arms = {"sera-fair:alpha=1": 0.0, "sera-fair:alpha=1:rounds=4": 0.0,
+            "uniform:rounds=4": 0.0}
+    payload = _maze_payload(arms, seeds=seeds)
+    config = json.loads(json.dumps(_results.presets("maze")[preset], default=list))
+    payload.update(config={**config, "arms": list(arms), "seeds": seeds}, summary={})
+    if edit is not None:
+        edit(payload)
+    path = tmp_path / name
+    path.write_text(json.dumps(payload))
+    return str(path)
+
+
+def _refused(argv, capsys, match):
+    import re
+
+    from sera_opt.benchmarks import rounds_decision as rd
+
+    assert rd.main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.splitlines()) == 1, captured
+    assert re.search(match, captured.err), captured.err
+
+
+def test_the_rounds_rule_reads_its_files(tmp_path, capsys):
+    from sera_opt.benchmarks import rounds_decision as rd
+
+    out = tmp_path / "summary.json"
+    assert rd.main(["--maze", _rule_file(tmp_path), "--maze-hard",
+                    _rule_file(tmp_path, "hard.json", preset="hard"), "--out", str(out)]) == 0
+    assert "not run: arithmetic" in capsys.readouterr().out and out.is_file()
+
+
+def test_the_rounds_rule_refuses_what_it_cannot_judge(tmp_path, capsys):
+    maze = _rule_file(tmp_path)
+    _refused(["--maze", maze, "--maze-hard", maze], capsys, "the same file")
+    _refused(["--maze-hard", maze], capsys, "is a run of the 'default' preset")
+    _refused(["--maze", _rule_file(tmp_path, "quick.json", preset="quick")], capsys,
+             "is a run of the 'quick' preset")
+    _refused(["--maze", _rule_file(tmp_path, "few.json", seeds=6)], capsys,
+             r"ran 6 seed\(s\); the rule judges maze default on 16")
+    _refused(["--arithmetic", maze], capsys, "is the result of the 'maze' benchmark")
+    _refused(["--maze", maze, "--out", str(tmp_path / "maze.json" / "s.json")], capsys,
+             "is a file, not a folder")
+
+    def nan(payload):
+        payload["runs"][4]["pass_at_k"] = [None] * 64
+
+    _refused(["--maze", _rule_file(tmp_path, "nan.json", edit=nan)], capsys, "NaN")
+
+    def unpaired(payload):
+        del payload["runs"][0]
+
+    _refused(["--maze", _rule_file(tmp_path, "unpaired.json", edit=unpaired)], capsys,
+             "paired by seed")
+    truncated = tmp_path / "cut.json"
+    truncated.write_text(open(maze).read()[:200])
+    _refused(["--maze", str(truncated)], capsys, "truncated")
+    listed = tmp_path / "list.json"
+    listed.write_text("[]")
+    _refused(["--maze", str(listed)], capsys, "holds a JSON list")
