@@ -397,6 +397,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="MaxRL steps (override)")
     parser.add_argument("--sft-steps", type=_harness.at_least(0), default=None,
                         help="warm-start steps (override)")
+    parser.add_argument("--merge", nargs="+", type=Path, default=None, metavar="JSON",
+                        help="summarize the runs of earlier arithmetic.json files (seed shards "
+                             "of one configuration, made with --seed and --seeds) instead of "
+                             "training")
+    parser.add_argument("--rl-lr", type=_harness.positive, default=None,
+                        help="the MaxRL steps' constant learning rate (override; the pilot "
+                             "of a preset picks it)")
     return parser
 
 
@@ -413,11 +420,49 @@ def config_from_args(args: argparse.Namespace) -> ExperimentConfig:
         overrides["rl_steps"] = args.rl_steps
     if args.sft_steps is not None:
         overrides["sft_steps"] = args.sft_steps
+    if args.rl_lr is not None:
+        overrides["rl_lr"] = args.rl_lr
     return replace(cfg, **overrides).validate()
+
+
+def merge(paths: list[Path], out_dir: Path | None = None, *, plots: bool = True
+          ) -> tuple[ExperimentConfig, dict[str, Any]]:
+    """Combine seed shards of one configuration (``arithmetic.json`` files) into one payload
+    with its summary over all their seeds; write it (and the plots) to ``out_dir``."""
+    import json
+
+    payloads = [json.loads(Path(p).read_text()) for p in paths]
+    configs = [{k: v for k, v in p["config"].items() if k != "seeds"} for p in payloads]
+    if any(c != configs[0] for c in configs):
+        raise SeraOptError("--merge needs files of one configuration (only --seed and --seeds "
+                           "may differ).")
+    seeds = sorted(s for p in payloads for s in p["seeds"])
+    if len(set(seeds)) != len(seeds):
+        raise SeraOptError("--merge: a seed appears in more than one file.")
+    fields = {k: (tuple(v) if isinstance(v, list) else v) for k, v in configs[0].items()
+              if k in ExperimentConfig.__dataclass_fields__}
+    cfg = ExperimentConfig(**fields, seeds=len(seeds))
+    runs = sorted((r for p in payloads for r in p["runs"]), key=lambda r: r["seed"])
+    payload = {**payloads[0], "config": {**payloads[0]["config"], "seeds": len(seeds)},
+               "seeds": seeds, "runs": runs, "summary": _summary(cfg, runs),
+               "merged_from": [str(p) for p in paths],
+               "wall_time_s": sum(p["wall_time_s"] for p in payloads),
+               "cpu_time_s": sum(p["cpu_time_s"] for p in payloads)}
+    if out_dir is not None:
+        _harness.write_json(out_dir, NAME, payload)
+        if plots:
+            _plot_pass_at_k(cfg, payload["summary"], runs, out_dir)
+            _plot_training(cfg, runs, out_dir)
+    return cfg, payload
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.merge:
+        cfg, payload = merge(args.merge, args.out)
+        _print_table(cfg, payload)
+        print(f"results: {Path(args.out) / (NAME + '.json')}")
+        return 0
     cfg = config_from_args(args)
     device = resolve_device(args.device)
     if args.threads < 1:

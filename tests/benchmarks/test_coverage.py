@@ -257,3 +257,24 @@ def _burn(seconds: float) -> None:
     end = time.process_time() + seconds
     while time.process_time() < end:
         pass
+
+
+def test_arithmetic_seed_shards_merge_into_the_run_of_all_seeds(tmp_path):
+    from sera_opt.benchmarks.arithmetic.runner import merge, run_experiment
+    from sera_opt.benchmarks.arithmetic.train import PRESETS
+
+    cfg = replace(PRESETS["quick"], num_train=32, num_test=8, sft_steps=10, rl_steps=2,
+                  prompts_per_step=16, curve_every=0, eval_samples=8, max_k=8,
+                  cpu_grid_s=(), token_grid=(), call_grid=(), policies=("uniform", "grpo"))
+    for seed in (0, 1):
+        run_experiment(replace(cfg, seeds=1), seed=seed, out_dir=tmp_path / f"s{seed}",
+                       show_progress=False, plots=False)
+    merged_cfg, merged = merge([tmp_path / "s1" / "arithmetic.json",
+                                tmp_path / "s0" / "arithmetic.json"], plots=False)
+    whole = run_experiment(replace(cfg, seeds=2), seed=0, out_dir=None, show_progress=False)
+    assert merged["seeds"] == [0, 1] and merged_cfg.seeds == 2
+    for arm in ("uniform", "grpo"):
+        np.testing.assert_array_equal(merged["summary"][arm]["pass_at_k_mean"],
+                                      whole["summary"][arm]["pass_at_k_mean"])
+    with pytest.raises(SeraOptError, match="more than one file"):
+        merge([tmp_path / "s0" / "arithmetic.json"] * 2, plots=False)
