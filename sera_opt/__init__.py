@@ -45,7 +45,7 @@ from .result import Allocation
 from .rounds import RoundResult, RoundSession
 from .separable import SeparableObjective, solve_separable
 from .solvers import Solver, available_solvers, get_solver, register_solver
-from .tracking import SuccessTracker
+from .tracking import EpochTracker, SuccessTracker
 
 # Names whose modules import torch: loaded on first access so that
 # `import sera_opt` stays light.
