@@ -292,16 +292,16 @@ def first_use(sizes, repeats: int, show: bool) -> list[dict]:
 
 def main(argv=None) -> int:
     parser = _harness.common_parser("default-path", __doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=None,
+    # Whole numbers of at least 1, refused on the command line: 0 would read as "the
+    # default" (15 rounds) or fail after the timings (a median of no first use).
+    parser.add_argument("--repeats", type=_harness.at_least(1), default=None,
                         help="timing rounds per case (default 15, --quick 7)")
-    parser.add_argument("--first-use-repeats", type=int, default=1,
+    parser.add_argument("--first-use-repeats", type=_harness.at_least(1), default=1,
                         help="fresh processes per first-use size (default 1)")
     parser.add_argument("--no-first-use", action="store_true",
                         help="skip the first-use processes")
     args = parser.parse_args(argv)
-    repeats = args.repeats or (7 if args.quick else 15)
-    if repeats < 1:
-        parser.error("--repeats must be at least 1")
+    repeats = args.repeats if args.repeats is not None else (7 if args.quick else 15)
     show = not args.no_progress
     args.out.mkdir(parents=True, exist_ok=True)
     sizes = QUICK_SIZES if args.quick else SIZES

@@ -33,6 +33,10 @@ CASES = [
     ("arithmetic", ["--seed", "-1"]), ("arithmetic", ["--seeds", "0"]),
     ("arithmetic", ["--threads", "0"]), ("arithmetic", ["--rl-steps", "0"]),
     ("arithmetic", ["--sft-steps", "-1"]),
+    ("default-path", ["--repeats", "0"]), ("default-path", ["--first-use-repeats", "0"]),
+    ("default-path", ["--repeats", "-2"]),
+    # Two presets named at once: neither is guessed.
+    ("maze", ["--quick", "--preset", "hard"]),
 ]
 
 
