@@ -457,3 +457,56 @@ def gains_by_bin(warm_correct: Sequence, candidate_correct: Sequence, baseline_c
                              "ci_high": float(entry["ci_high"]),
                              "prompts_per_seed": float(np.mean(sizes))}
     return out
+
+
+# --------------------------------------------------------------------------- plots
+
+
+def paired_bands(series: Mapping[str, Sequence[Mapping[float, float]]], *,
+                 baseline: str = "uniform") -> dict[str, dict[str, list[float]]]:
+    """Per arm but the baseline, the paired difference to it at each x every seed of both has:
+    ``series[arm]`` lists, seed by seed in one order, ``{x: value}`` (pass@k at a step or at
+    an amount of CPU seconds). Returns ``{arm: {"x", "mean", "low", "high"}}``."""
+    out: dict[str, dict[str, list[float]]] = {}
+    base = series[baseline]
+    for arm, rows in series.items():
+        if arm == baseline:
+            continue
+        xs = sorted(set.intersection(*(set(r) for r in [*rows, *base]))) if rows else []
+        band: dict[str, list[float]] = {"x": [], "mean": [], "low": [], "high": []}
+        for x in xs:
+            diff = _harness.mean_interval(np.array([r[x] - b[x] for r, b in zip(rows, base,
+                                                                                  strict=True)]))
+            band["x"].append(float(x))
+            band["mean"].append(float(diff["mean"]))
+            band["low"].append(float(diff["ci_low"]))
+            band["high"].append(float(diff["ci_high"]))
+        out[arm] = band
+    return out
+
+
+def plot_paired_bands(panels: Sequence[tuple[str, str, Mapping[str, Sequence[Mapping]]]],
+                      out_dir, name: str, *, title: str, baseline: str = "uniform"):
+    """One figure of paired bands: each panel ``(x label, y label, series)`` draws every arm's
+    mean paired difference to ``baseline`` with its 95 % band (see :func:`paired_bands`)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.2), squeeze=False)
+    for ax, (xlabel, ylabel, series) in zip(axes[0], panels):
+        bands = paired_bands(series, baseline=baseline)
+        colors = _harness.arm_colors(bands)
+        for arm, band in bands.items():
+            if not band["x"]:
+                continue
+            ax.plot(band["x"], band["mean"], "o-", ms=3, color=colors[arm], label=arm)
+            ax.fill_between(band["x"], band["low"], band["high"], color=colors[arm], alpha=0.15)
+        ax.axhline(0.0, color="0.4", lw=0.8)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(f"{ylabel} minus {baseline}'s (paired by seed)")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return _harness.save_figure(fig, out_dir, name)

@@ -218,6 +218,23 @@ def _plot_pass_at_k(cfg, summary, runs, out_dir: Path) -> Path:
     return _harness.save_figure(fig, out_dir, NAME)
 
 
+def _plot_coverage(cfg, runs, out_dir: Path) -> Path:
+    """Paired bands to uniform: pass@k of the checkpoints against steps, pass@64 against CPU
+    seconds (the grid evaluations)."""
+    k = _coverage.REGIME["k"]
+    steps = {name: [dict(zip(run["policies"][name]["checkpoints"]["step"],
+                             run["policies"][name]["checkpoints"]["pass_at_max"]))
+                    for run in runs] for name in cfg.policies}
+    cpu = {name: [{p["at"]: p["value"][k - 1]
+                   for p in run["policies"][name]["curves"]["at_cost"]["cpu_s"]}
+                  for run in runs] for name in cfg.policies}
+    return _coverage.plot_paired_bands(
+        [("MaxRL step", f"held-out pass@{cfg.curve_samples}", steps),
+         ("CPU seconds (training and sampling)", f"held-out pass@{k}", cpu)],
+        out_dir, f"{NAME}_paired_bands",
+        title=f"arithmetic, {len(runs)} seed(s): mean paired difference with its 95 % band")
+
+
 def _mean_curve(runs, policy, getter):
     rows = [getter(run["policies"][policy]) for run in runs]
     return np.mean(np.array(rows, dtype=float), axis=0)
@@ -337,6 +354,8 @@ def run_experiment(cfg: ExperimentConfig, *, seed: int = 0, device: str = "cpu",
         if plots:
             _plot_pass_at_k(cfg, payload["summary"], runs, out_dir)
             _plot_training(cfg, runs, out_dir)
+            if "coverage" in payload["summary"]:
+                _plot_coverage(cfg, runs, out_dir)
     return payload
 
 
@@ -453,6 +472,8 @@ def merge(paths: list[Path], out_dir: Path | None = None, *, plots: bool = True
         if plots:
             _plot_pass_at_k(cfg, payload["summary"], runs, out_dir)
             _plot_training(cfg, runs, out_dir)
+            if "coverage" in payload["summary"]:
+                _plot_coverage(cfg, runs, out_dir)
     return cfg, payload
 
 

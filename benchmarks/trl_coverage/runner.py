@@ -42,7 +42,6 @@ a few seconds per arm, for a test). Seeds can be split over machines with
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -353,10 +352,41 @@ def plot(cfg, summary, out_dir: Path) -> list[Path]:
     return paths
 
 
+def _plot_coverage(cfg, runs: list[dict], out_dir: Path) -> Path:
+    """Paired bands to uniform: pass@64 against steps and against CPU seconds."""
+    k = _coverage.REGIME["k"]
+    by_arm = {arm: sorted((r for r in runs if r["arm"] == arm), key=lambda r: r["seed"])
+              for arm in cfg.arms}
+    steps = {arm: [{p["step"]: p["pass_at_k"][k - 1] for p in r["at_steps"]} for r in rows]
+             for arm, rows in by_arm.items()}
+    cpu = {arm: [{p["at"]: p["value"][k - 1] for p in r["at_cost"]["cpu_s"]} for r in rows]
+           for arm, rows in by_arm.items()}
+    return _coverage.plot_paired_bands(
+        [("optimizer step", f"held-out pass@{k}", steps),
+         ("CPU seconds (one thread)", f"held-out pass@{k}", cpu)],
+        out_dir, f"{FILE}_paired_bands",
+        title=f"TRL, {cfg.seeds} seed(s): mean paired difference with its 95 % band")
+
+
 def _merge(paths: list[Path]):
+    """The configuration and runs of seed shards of one configuration, each file checked:
+    a trl_coverage result, whole, with runs for exactly the seeds it names."""
+    from sera_opt.benchmarks import _results
     from sera_opt.benchmarks.trl_coverage.train import CoverageConfig, legacy_label
 
-    payloads = [json.loads(Path(p).read_text()) for p in paths]
+    _results.same_files({f"--merge file {i + 1}": Path(p) for i, p in enumerate(paths)})
+    payloads = [_results.read_result(Path(p), flag="--merge", benchmark="trl_coverage",
+                                     keys=("config", "seeds", "runs", "warm_starts"))
+                for p in paths]
+    for path, payload in zip(paths, payloads):
+        seeds = payload["seeds"]
+        if not isinstance(seeds, list) or not all(isinstance(s, int) for s in seeds):
+            raise SeraOptError(f"--merge: {str(path)!r} has no list of seeds ('seeds').")
+        ran = sorted({r.get("seed") for r in payload["runs"] if isinstance(r, dict)},
+                     key=str)
+        if ran != sorted(seeds) or not all(isinstance(r, dict) for r in payload["runs"]):
+            raise SeraOptError(f"--merge: {str(path)!r} names seeds {seeds} but holds runs for "
+                               f"{ran}; give the JSON its run wrote.")
     configs = [{k: v for k, v in p["config"].items() if k != "seeds"} for p in payloads]
     if any(c != configs[0] for c in configs):
         raise SeraOptError("--merge needs files of one configuration (only --seed and --seeds "
@@ -367,12 +397,22 @@ def _merge(paths: list[Path]):
     if sum(len(p["seeds"]) for p in payloads) != len(seeds):
         raise SeraOptError("--merge: a seed appears in more than one file.")
     fields["seeds"] = len(seeds)
-    # Earlier files' labels read as what they measured (train.legacy_label).
-    fields["arms"] = tuple(legacy_label(a) for a in fields.get("arms", ()))
-    cfg = CoverageConfig(**fields)
-    runs = [{**r, "arm": legacy_label(r["arm"])} for p in payloads for r in p["runs"]]
+    try:
+        # Earlier files' labels read as what they measured (train.legacy_label).
+        fields["arms"] = tuple(legacy_label(a) for a in fields.get("arms", ()))
+        cfg = CoverageConfig(**fields).validate()
+        runs = [{**r, "arm": legacy_label(r["arm"])} for p in payloads for r in p["runs"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        if isinstance(exc, SeraOptError):
+            raise
+        what = f"no {exc.args[0]!r}" if isinstance(exc, KeyError) else str(exc)
+        raise SeraOptError(f"--merge: the files are not whole trl-coverage runs ({what}); "
+                           "give the JSON the shards wrote.") from None
     warm = [w for p in payloads for w in p["warm_starts"]]
-    return cfg, {"seeds": seeds, "warm_starts": warm, "runs": runs}
+    # The shards' preset when they agree (a merge of default shards is a default run).
+    named = {p.get("preset") for p in payloads}
+    preset = named.pop() if len(named) == 1 and None not in named else "merged"
+    return cfg, {"seeds": seeds, "warm_starts": warm, "runs": runs}, preset
 
 
 def main(argv=None) -> int:
@@ -384,13 +424,19 @@ def main(argv=None) -> int:
         parser.error("needs trl 1.16: pip install 'sera_opt[trl]'")
     start = time.perf_counter()
     if args.merge:
-        preset = "merged"
-        cfg, result = _merge(args.merge)
+        cfg, result, preset = _merge(args.merge)
     else:
         preset, cfg = config_from_args(args)
         result = run(cfg, args.out, base_seed=args.seed, jobs=args.jobs,
                      show=not args.no_progress)
-    summary = summarize(cfg, result["seeds"], result["runs"], result.get("warm_starts"))
+    try:
+        summary = summarize(cfg, result["seeds"], result["runs"], result.get("warm_starts"))
+    except (KeyError, TypeError, IndexError, ValueError) as exc:
+        if not args.merge or isinstance(exc, SeraOptError):
+            raise
+        what = f"no {exc.args[0]!r}" if isinstance(exc, KeyError) else str(exc)
+        raise SeraOptError(f"--merge: the files' runs are not whole trl-coverage runs ({what}); "
+                           "give the JSON the shards wrote.") from None
     command = "sera-opt bench trl-coverage " + " ".join(argv if argv is not None else sys.argv[1:])
     payload = {"preset": preset, "command": command.strip(), "config": cfg.to_dict(),
                "trl": sys.modules["trl"].__version__, "torch_threads": 1, "jobs": args.jobs,
@@ -401,6 +447,8 @@ def main(argv=None) -> int:
                **result, "summary": summary, "wall_time_s": time.perf_counter() - start}
     path = _harness.write_json(args.out, FILE, payload)
     paths = plot(cfg, summary, args.out)
+    if summary.get("coverage"):
+        paths.append(_plot_coverage(cfg, result["runs"], args.out))
     print(_table(cfg, summary))
     print(f"wall time {payload['wall_time_s']:.0f} s; wrote {path}, "
           + ", ".join(str(p) for p in paths))

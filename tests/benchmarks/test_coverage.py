@@ -80,8 +80,8 @@ def _check_rule_block(coverage, arms):
     assert set(coverage["gains_by_bin"]) == set(arms) - {"uniform"}
 
 
-def test_arithmetic_expand_runs_end_to_end_for_a_few_steps(capsys):
-    from sera_opt.benchmarks.arithmetic.runner import _print_table, run_experiment
+def test_arithmetic_expand_runs_end_to_end_for_a_few_steps(capsys, tmp_path):
+    from sera_opt.benchmarks.arithmetic.runner import _plot_coverage, _print_table, run_experiment
     from sera_opt.benchmarks.arithmetic.train import PRESETS
 
     arms = ("uniform", "grpo", "sera-paper", "sera-paper:cold_start=prior")
@@ -103,9 +103,10 @@ def test_arithmetic_expand_runs_end_to_end_for_a_few_steps(capsys):
     _check_rule_block(payload["summary"]["coverage"], arms)
     _print_table(cfg, payload)
     assert "the rule's comparisons" in capsys.readouterr().out
+    assert _plot_coverage(cfg, payload["runs"], tmp_path).stat().st_size > 0
 
 
-def test_maze_paper_runs_end_to_end_for_a_few_steps():
+def test_maze_paper_runs_end_to_end_for_a_few_steps(tmp_path):
     from sera_opt.benchmarks.maze import runner
     from sera_opt.benchmarks.maze.train import PRESETS
 
@@ -119,6 +120,7 @@ def test_maze_paper_runs_end_to_end_for_a_few_steps():
         assert len(run["curves"]["active_set"]) == len(run["curves"]["walk_calls"]) == 4
     _check_rule_block(result["summary"]["coverage"], arms)
     assert "the rule's comparisons" in runner._table(cfg, result["summary"])
+    assert runner._plot_coverage(cfg, result["runs"], tmp_path).stat().st_size > 0
 
 
 @requires_trl
@@ -141,6 +143,7 @@ def test_trl_expand_runs_end_to_end_for_a_few_steps(tmp_path):
         assert len(run["final_correct"]) == cfg.num_test
         assert len(run["steps"]["active_fraction"]) == cfg.steps
     assert "the rule's comparisons" in runner._table(cfg, summary)
+    assert runner._plot_coverage(cfg, result["runs"], tmp_path).stat().st_size > 0
 
 
 # --------------------------------------------------------------------------- shared pieces
@@ -230,6 +233,15 @@ def test_gains_by_bin_attribute_a_gain_to_its_prompts():
     assert out["bins"]["(0, 0.1]"]["mean"] == 0.0 and out["bins"]["(0.5, 1]"]["mean"] == 0.0
     assert np.isnan(out["bins"]["(0.1, 0.5]"]["mean"])
     assert out["bins"]["0"]["prompts_per_seed"] == 2
+
+
+def test_paired_bands_pair_by_seed_where_every_seed_has_a_value():
+    series = {"uniform": [{1: 0.5, 2: 0.6}, {1: 0.4, 2: 0.5, 3: 0.9}],
+              "sera-paper": [{1: 0.6, 2: 0.8}, {1: 0.5, 2: 0.6, 3: 0.1}]}
+    band = _coverage.paired_bands(series)["sera-paper"]
+    assert band["x"] == [1.0, 2.0]  # step 3 is missing from one seed
+    assert band["mean"] == pytest.approx([0.1, 0.15])
+    assert band["low"][0] == pytest.approx(0.1) and band["low"][1] < 0.15 < band["high"][1]
 
 
 def test_step_cost_takes_evaluations_out_and_counts_per_step():
