@@ -406,6 +406,23 @@ def plot(config, summary, arms: list[dict], out_dir):
     return paths
 
 
+def _plot_coverage(config, runs: list[dict], out_dir):
+    """Paired bands to uniform: pass@k of the training evaluations against steps, pass@64
+    against CPU seconds (the grid evaluations)."""
+    k = _coverage.REGIME["k"]
+    by_arm = {arm: sorted((r for r in runs if r["arm"] == arm), key=lambda r: r["seed"])
+              for arm in config.arms}
+    steps = {arm: [dict(zip(r["curves"]["eval_step"], r["curves"]["eval_pass_at_k_max"]))
+                   for r in rows] for arm, rows in by_arm.items()}
+    cpu = {arm: [{p["at"]: p["value"][k - 1] for p in r["curves"]["at_cost"]["cpu_s"]}
+                 for r in rows] for arm, rows in by_arm.items()}
+    return _coverage.plot_paired_bands(
+        [("MaxRL step", f"held-out pass@{config.curve_samples}", steps),
+         ("CPU seconds (one thread)", f"held-out pass@{k}", cpu)],
+        out_dir, f"{NAME}_paired_bands",
+        title=f"maze, {config.seeds} seed(s): mean paired difference with its 95 % band")
+
+
 def run(config, *, workers: int = 1, show_progress: bool = True, base_seed: int = 0) -> dict:
     """Warm up every seed, train every arm, and collect the results (no files written)."""
     from sera_opt.benchmarks.maze import train as _maze_train
@@ -448,6 +465,8 @@ def main(argv=None) -> int:
                "workers": workers, "config": config.to_dict(), **result}
     json_path = _harness.write_json(args.out, NAME, payload)
     paths = plot(config, result["summary"], result["runs"], args.out)
+    if "coverage" in result["summary"]:
+        paths.append(_plot_coverage(config, result["runs"], args.out))
     print(_table(config, result["summary"]))
     cpu = sum(r["cpu_time"] for r in (*result["warmups"], *result["runs"]))
     print(f"wall time {result['wall_time']:.1f} s ({cpu:.1f} s of CPU time in the warm-ups "
