@@ -283,6 +283,10 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(args.seed)
     sizes = QUICK_SIZES if args.quick else tuple(sorted(set(SOLVER_SIZES) | set(POLICY_SIZES)))
     show = not args.no_progress
+    if show:
+        # The compile is timed in fresh processes with nothing to show for a while: say so.
+        print("timing the numba compile in two fresh processes (cold cache, then warm): "
+              "about 10 to 30 s before the first timings", file=sys.stderr, flush=True)
     compile_info = compile_times()
     if show:
         print(f"numba compile (cold cache): {compile_info['compile_s']:.2f} s; with the cache: "

@@ -106,3 +106,20 @@ def test_median_interval_covers_the_median_and_says_when_it_cannot():
     assert small["median"] == 3.0 and np.isnan(small["ci_low"]) and "too few" in small["note"]
     with pytest.raises(SeraOptError):
         _harness.median_interval([])
+
+
+def test_the_compile_timing_is_announced_before_it_starts(monkeypatch, capsys, tmp_path):
+    # bench solvers --quick spent its first 15 s timing the compile without a line.
+    class Stop(Exception):
+        pass
+
+    def compile_times():
+        raise Stop(capsys.readouterr().err)
+
+    monkeypatch.setattr(solvers, "compile_times", compile_times)
+    with pytest.raises(Stop) as before:
+        solvers.main(["--quick", "--out", str(tmp_path)])
+    assert "timing the numba compile" in str(before.value)
+    with pytest.raises(Stop) as quiet:
+        solvers.main(["--quick", "--no-progress", "--out", str(tmp_path)])
+    assert str(quiet.value) == ""
