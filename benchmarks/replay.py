@@ -358,9 +358,10 @@ def speed_row(steps: int, prompts: int, rollouts: int, arms: str, *, seed: int,
             path = Path(folder) / "run.csv"
             write_table(path, run)
             row["csv_mib"] = path.stat().st_size / 2**20
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             again = read_record(path, progress=_progress(show_progress))
             row["read_s"] = time.perf_counter() - start
+            row["read_cpu_s"] = time.process_time() - cpu
         if again.num_rollouts != run.num_rollouts:
             raise SeraOptError("the CSV read back differs from the run written.")
     planners = build_planners(arms, settings)
@@ -511,7 +512,11 @@ def main(argv=None) -> int:
     print(f"replay of {row['steps']} steps x {row['prompts']} prompts x {row['rollouts']} "
           f"rollouts ({row['rollouts_total']:,} rollouts), arms {row['arms']}:")
     print(f"  replay {row['replay_s']:.1f} s wall ({row['replay_cpu_s']:.1f} s CPU); reading "
-          f"the run from CSV ({row['csv_mib']:.0f} MiB) {row['read_s']:.1f} s")
+          f"the run from CSV ({row['csv_mib']:.0f} MiB) {row['read_s']:.1f} s wall "
+          f"({row['read_cpu_s']:.1f} s CPU)")
+    print(f"  machine: {_harness.machine_info().get('cpu_model', '?')}, "
+          f"{_harness.machine_info()['cpu_count']} CPUs (wall time counts other work on "
+          f"them; CPU time is this process's)")
     print(f"results: {_harness.write_json(args.out, 'replay_speed', {'speed': row})}")
     return 0
 
