@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+from sera_opt.exceptions import SeraOptError
 from tests.markers import requires_trl
 
 
@@ -64,6 +65,14 @@ def test_the_quick_preset_runs_every_arm_and_records_its_costs(tmp_path):
             assert set(cell["at_cost"]["calls"]) == {"1.0", "2.0"}
     warm = list((tmp_path / "warm_starts").glob("seed0_*.pt"))
     assert len(warm) == 1
+
+    # The decision tool refuses this output in one line: it cannot judge pass@64 from
+    # eval_samples = 8, and says so instead of raising IndexError.
+    from sera_opt.benchmarks import cost_decision
+
+    assert cost_decision.main(["--trl", str(tmp_path / "trl_coverage.json")]) == 2
+    with pytest.raises(SeraOptError, match="pass@64 needs 64 samples per problem; the run drew 8"):
+        cost_decision.summarize(payload)
 
     # A second run reuses the seed's cached warm start instead of training it again.
     before = warm[0].stat().st_mtime_ns
@@ -146,11 +155,13 @@ def test_merge_combines_seed_shards_and_refuses_overlaps(tmp_path):
                  "cpu_time_s": 1.0, "wall_time_s": 1.0} for arm in arms]
         config = {**cfg.to_dict(), "arms": list(arms)}
         path = tmp_path / f"shard{seed}.json"
-        path.write_text(json.dumps({"config": config, "seeds": [seed], "runs": runs,
+        path.write_text(json.dumps({"benchmark": "trl_coverage", "preset": "quick",
+                                    "config": config, "seeds": [seed], "runs": runs,
                                     "warm_starts": [{"seed": seed}]}))
         return path
 
-    merged_cfg, result = runner._merge([shard(0), shard(1)])
+    merged_cfg, result, preset = runner._merge([shard(0), shard(1)])
+    assert preset == "quick"
     assert result["seeds"] == [0, 1] and merged_cfg.seeds == 2
     # The earlier files' labels come back as what those arms ran.
     assert merged_cfg.arms == ("grpo", "uniform")
@@ -159,7 +170,46 @@ def test_merge_combines_seed_shards_and_refuses_overlaps(tmp_path):
     cell = summary["paired"]["grpo"]["uniform"]["final_step_at"]["pass@1"]
     assert cell["n"] == 2 and cell["mean"] == 0.0
     assert "coverage" not in summary  # quick has no pass@64: no regime check to make
-    with pytest.raises(SeraOptError, match="more than one file"):
+    with pytest.raises(SeraOptError, match="the same file"):
         runner._merge([shard(0), shard(0)])
+    copy = tmp_path / "copy.json"
+    copy.write_text(json.dumps({**json.loads(shard(0).read_text()), "command": "again"}))
+    with pytest.raises(SeraOptError, match="more than one file"):
+        runner._merge([shard(0), copy])
     with pytest.raises(SeraOptError, match="one configuration"):
         runner._merge([shard(0), shard(1, arms=("trl",))])
+
+
+@pytest.mark.parametrize("text, match", [
+    (None, "no file"), ("", "is empty"), ('{"benchmark": "trl_coverage", "con', "truncated"),
+    ("[]", "holds a JSON list"), ('{"benchmark": "maze", "config": {}, "seeds": [0], '
+                                  '"runs": [{}], "warm_starts": []}', "the 'maze' benchmark"),
+    ('{"benchmark": "trl_coverage", "config": {}, "seeds": [0], "runs": [{"seed": 1}], '
+     '"warm_starts": []}', "names seeds [0] but holds runs for [1]"),
+])
+def test_merge_refuses_missing_truncated_and_foreign_files_in_one_line(tmp_path, capsys, text,
+                                                                       match):
+    pytest.importorskip("trl")
+    from sera_opt.cli import main
+
+    path = tmp_path / "shard.json"
+    if text is not None:
+        path.write_text(text)
+    assert main(["bench", "trl-coverage", "--merge", str(path), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and match in err and "unexpected" not in err, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_merge_refuses_runs_that_are_not_whole(tmp_path, capsys):
+    pytest.importorskip("trl")
+    from sera_opt.benchmarks.trl_coverage import PRESETS
+    from sera_opt.cli import main
+
+    config = {**PRESETS["quick"].to_dict(), "arms": ["trl"]}
+    path = tmp_path / "shard.json"
+    path.write_text(json.dumps({"benchmark": "trl_coverage", "config": config, "seeds": [0],
+                                "runs": [{"seed": 0, "arm": "trl"}], "warm_starts": []}))
+    assert main(["bench", "trl-coverage", "--merge", str(path), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "not whole trl-coverage runs" in err and len(err.splitlines()) == 1, err
