@@ -15,14 +15,10 @@ from pathlib import Path
 
 from ..exceptions import SeraOptError, SeraOptWarning
 from ..policies import UniformPolicy
+from .catalog import BENCHMARKS as BENCHMARKS  # names and descriptions: one place
 from .errors import Parser, stderr
 from .options import build_policy
 from .sources import read_success_probs
-
-BENCHMARKS = ("solvers", "estimator", "tracking", "rounds", "first-use", "default-path",
-              "trl-rounds", "alignment", "maze", "arithmetic", "trl-coverage", "device",
-              "replay")
-
 
 # The benchmarks' default --out (benchmarks/_harness.DEFAULT_OUT; a test keeps the two
 # equal), named here so that the folder is checked before a benchmark is imported.

@@ -6,11 +6,14 @@ import argparse
 import io
 import os
 import sys
+import textwrap
 
 from ..exceptions import SeraOptError, SeraOptWarning
 from ..policies import available_policies
 from ..solvers import available_solvers
+from .catalog import benchmark_list
 from .commands import (
+    BENCH_DEFAULT_OUT,
     BENCHMARKS,
     cmd_allocate,
     cmd_bench,
@@ -95,9 +98,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write the counts here instead of stdout")
     p.add_argument("--quiet", "-q", action="store_true", help="no summary on stderr")
 
-    b = sub.add_parser("bench", help="run a benchmark; `sera-opt bench NAME --help` for its options",
-                       add_help=False)
-    b.add_argument("name", choices=BENCHMARKS)
+    # add_help=False: `bench NAME --help` belongs to the benchmark; `bench --help` alone is
+    # answered in main() with this parser's help, which lists every benchmark.
+    b = sub.add_parser(
+        "bench", help="run a benchmark; `sera-opt bench --help` lists them",
+        add_help=False, usage="sera-opt bench NAME [options]",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=textwrap.fill(
+            "Run a benchmark: it writes its JSON results and plots under --out (default "
+            f"{BENCH_DEFAULT_OUT}). `sera-opt bench NAME --help` gives a benchmark's options; "
+            "--quick runs a small preset.", 88, break_on_hyphens=False) + "\n\nbenchmarks:\n" + benchmark_list())
+    b.add_argument("name", nargs="?", choices=BENCHMARKS, metavar="NAME",
+                   help="the benchmark to run (listed above)")
+    b.set_defaults(bench_parser=b)
 
     sub.add_parser("demo", help="quick alignment comparison on scikit-learn's digits",
                    add_help=False)
@@ -133,6 +146,13 @@ def main(argv=None) -> int:
                 parser.error(f"unrecognized arguments: {' '.join(rest)}")
             return cmd_allocate(args)
         if args.command == "bench":
+            if args.name is None:
+                bench = args.bench_parser
+                if "-h" in rest or "--help" in rest:
+                    bench.print_help()
+                    return 0
+                bench.error("name a benchmark first: sera-opt bench NAME [options], NAME one of "
+                            f"{', '.join(BENCHMARKS)}")
             return cmd_bench(args, rest)
         if args.command == "replay":
             return cmd_replay(args, rest)
