@@ -83,7 +83,18 @@ FAMILY = (("sera-fair", {"alpha": 0.0}, "sera-fair:alpha=0"),
           ("sera-fair", {"alpha": 2.0}, "sera-fair:alpha=2"))
 # The targets this benchmark checks at M = 10^6 and 1024 (docs/benchmarks.md).
 TARGETS = {"sera_vs_sort": 5.0, "sera_vs_log1p": 10.0, "sera_1024_s": 50e-6,
-           "peers_vs_sort": 10.0}
+           "peers_vs_sort": 10.0, "active_set_vs_sera_1024": 5.0, "active_set_vs_sort": 10.0}
+#: The active set, timed in the authors' setting: the mean-centred factor, positive counts
+#: in [2, 4 N0] (N0 = PER_PROMPT), against the same policy without it. Label, policy,
+#: options.
+ACTIVE_SET = (
+    ("sera:offset=1", "sera", {}),
+    ("sera:active_threshold=0.05", "sera", {"active_threshold": 0.05}),
+    ("sera-paper:rounding=exact", "sera-paper", {"rounding": "exact"}),
+    ("sera-paper", "sera-paper", {}),
+    ("sera:rounding=paper", "sera", {"rounding": "paper"}),
+)
+ACTIVE_SET_SIZES = (1024, 65536, 1_000_000)
 
 
 def cpu_info() -> dict:
@@ -141,6 +152,64 @@ def targets(rows: list[dict]) -> dict:
     for r in peers:
         out[f"{r['name']}_vs_sort"] = {"value": r["ratio_to_sort"],
                                       "met": r["ratio_to_sort"] <= TARGETS["peers_vs_sort"]}
+    return out
+
+
+def time_active_set(sizes, *, repeats: int, rng, show: bool) -> list[dict]:
+    """The active-set rule's cost (:data:`ACTIVE_SET`): each arm's median time, its ratio
+    to the same SERA without an active set and to ``np.sort`` of the same array, both
+    measured in this run."""
+    import sera_opt
+
+    rows = []
+    for m in _harness.progress(sizes, desc="active set", enabled=show):
+        p = instance(m, rng)
+        budget = PER_PROMPT * m
+        sort = _harness.median_time(lambda p=p: np.sort(p), repeats=repeats, min_time=0.05,
+                                    clock=CLOCK)
+        base = None
+        for label, name, options in ACTIVE_SET:
+            policy = sera_opt.get_policy(name, offset=1, min_rollouts=2, max_ratio=4.0,
+                                         **options)
+
+            def call(p=p, budget=budget, policy=policy):
+                return policy.allocate(p, budget)
+
+            first = call()  # warm-up: compiled kernels load here
+            timing = _harness.median_time(call, repeats=repeats, min_time=0.02, warmup=0,
+                                          clock=CLOCK)
+            if base is None:
+                base = timing["median"]
+            active = first.num_active
+            row = {"kind": "active-set", "name": label, "prompts": m,
+                   "median_s": timing["median"], "repeats": timing["repeats"],
+                   "sort_median_s": sort["median"],
+                   "ratio_to_sort": timing["median"] / sort["median"],
+                   "ratio_to_sera": timing["median"] / base, "active_prompts": active,
+                   "forced": 0 if first.active_set is None else first.active_set.forced,
+                   "min_factor": first.min_factor, "clock": "thread_cpu"}
+            rows.append(row)
+            if show:
+                print(f"active-set {label:28s} M={m:>9,d}  {timing['median'] * 1e3:10.3f} ms  "
+                      f"{row['ratio_to_sort']:8.2f} x sort  {row['ratio_to_sera']:6.2f} x sera "
+                      f"(active {active:,})", file=sys.stderr)
+    return rows
+
+
+def active_set_targets(rows: list[dict]) -> dict:
+    """The active set's targets: within 5x the same SERA at 1,024 prompts, within 10x
+    ``np.sort`` at 10^6 (the library's exact rounding, the default of the option)."""
+    out = {}
+    for r in rows:
+        if r["name"] != "sera:active_threshold=0.05":
+            continue
+        if r["prompts"] == 1024:
+            out["active_set_vs_sera_1024"] = {
+                "value": r["ratio_to_sera"],
+                "met": r["ratio_to_sera"] <= TARGETS["active_set_vs_sera_1024"]}
+        if r["prompts"] == 1_000_000:
+            out["active_set_vs_sort"] = {"value": r["ratio_to_sort"],
+                                         "met": r["ratio_to_sort"] <= TARGETS["active_set_vs_sort"]}
     return out
 
 
@@ -293,7 +362,11 @@ def main(argv=None) -> int:
               f"{compile_info['cache_load_s']:.3f} s", file=sys.stderr)
     rows = time_allocators(sizes, max_seconds=args.max_seconds if not args.quick else 5.0,
                            repeats=args.repeats if not args.quick else 3, rng=rng, show=show)
-    met = targets(rows)
+    active_rows = time_active_set(ACTIVE_SET_SIZES[:1] if args.quick else ACTIVE_SET_SIZES,
+                                  repeats=args.repeats if not args.quick else 3, rng=rng,
+                                  show=show)
+    met = {**targets(rows), **active_set_targets(active_rows)}
+    rows = rows + active_rows
     payload = {
         "setup": {"per_prompt": PER_PROMPT, "min_rollouts": MIN_ROLLOUTS,
                   "max_rollouts": MAX_ROLLOUTS, "success_probs": "uniform(0, 1)",
@@ -321,6 +394,11 @@ def _summary(rows: list[dict], met: dict, cpu: dict) -> str:
         lines.append(f"M = {m:,}: np.sort {sel[0]['sort_median_s'] * 1e3:.3f} ms, "
                      f"np.log1p {sel[0]['log1p_median_s'] * 1e3:.3f} ms")
         for r in sel:
+            if r["kind"] == "active-set":
+                lines.append(f"  active set {r['name']:28s} {r['median_s'] * 1e3:10.3f} ms  "
+                             f"{r['ratio_to_sort']:7.2f} x sort  {r['ratio_to_sera']:6.2f} x "
+                             f"sera:offset=1")
+                continue
             lines.append(f"  {r['kind']:6s} {r['name']:26s} {r['median_s'] * 1e3:10.3f} ms  "
                          f"{r['ratio_to_sort']:7.2f} x sort  {r['ratio_to_log1p']:7.2f} x log1p")
     for key, value in met.items():

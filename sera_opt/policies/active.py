@@ -148,7 +148,9 @@ def _reasons_off(p: np.ndarray) -> np.ndarray:
 
 def allocate_with_active_set(problem: AllocationProblem, threshold: float,
                              solve: Callable[[AllocationProblem, np.ndarray], Allocation],
-                             *, name: str) -> Allocation:
+                             *, name: str,
+                             fast: Callable[[np.ndarray, int, int], Allocation | None] | None
+                             = None) -> Allocation:
     """The active-set rule on ``problem`` (docs/theory.md, "SERA as its authors run it").
 
     Every prompt not switched off by the caller is scored by its chance of a mixed group
@@ -159,7 +161,8 @@ def allocate_with_active_set(problem: AllocationProblem, threshold: float,
     on their own problem (batch order), each have a mixed group at their own count with
     chance at least ``threshold``. Without one (or with ``E < K_req``) the top ``K_req``
     are activated: the budget is always spent. ``solve(subproblem, index)`` allocates the
-    prompts ``index`` of the batch.
+    prompts ``index`` of the batch. ``fast(success_probs, lo, hi)``, where given, allocates a
+    probe with scalar bounds in one compiled call, or returns None to take ``solve``.
     """
     start = time.perf_counter()
     p = problem.success_probs.astype(np.float64, copy=False)
@@ -186,15 +189,34 @@ def allocate_with_active_set(problem: AllocationProblem, threshold: float,
             f"fewest whose caps absorb it, and at most {most} fit its minimums. Change the "
             f"budget or the bounds.")
     cache: dict[int, tuple[Allocation, np.ndarray, bool]] = {}
+    # A prompt's chance of a mixed group grows with its count, and every active prompt
+    # gets at least its minimum: only prompts below the threshold at their minimum can make
+    # a prefix useless, so only theirs are checked at each probe.
+    slack = threshold - _USEFUL_SLACK
+    at_risk = mixed_group_chance(p, lo_all) < slack
+    rank_of = np.empty(m, dtype=np.int64)
+    rank_of[ranked] = np.arange(candidates, dtype=np.int64)
+    if caller_off is not None:
+        rank_of[caller_off] = m
+    uniform = problem.uniform_bounds
+    lo_bound = int(lo_all[0]) if uniform and m else lo_all
+    hi_bound = int(hi_all[0]) if uniform and m else hi_all
 
     def probe(k: int):
         if k not in cache:
-            index = np.sort(ranked[:k])
-            sub = AllocationProblem(p[index], budget, min_rollouts=lo_all[index],
-                                    max_rollouts=hi_all[index], offset=problem.offset)
-            inner = solve(sub, index)
-            chance = mixed_group_chance(p[index], inner.counts)
-            cache[k] = (inner, index, bool(np.all(chance >= threshold - _USEFUL_SLACK)))
+            index = np.flatnonzero(rank_of < k)  # the top k, in batch order
+            inner = None
+            if fast is not None and uniform:
+                inner = fast(p[index], lo_bound, hi_bound)
+            if inner is None:
+                sub = AllocationProblem(p[index], budget,
+                                        min_rollouts=lo_bound if uniform else lo_all[index],
+                                        max_rollouts=hi_bound if uniform else hi_all[index],
+                                        offset=problem.offset)
+                inner = solve(sub, index)
+            risky = np.flatnonzero(at_risk[index])
+            chance = mixed_group_chance(p[index[risky]], inner.counts[risky])
+            cache[k] = (inner, index, bool(np.all(chance >= slack)))
         return cache[k]
 
     chosen = required

@@ -330,12 +330,18 @@ class AllocationPolicy(ABC):
             return allocate_with_active_set(
                 problem, self.active_threshold,
                 lambda sub, index: self._allocate(sub, **subset_inputs(inputs, index, m)),
-                name=self.name)
+                name=self.name, fast=None if inputs else self._probe_solver(problem.budget))
         if problem.switched_off is not None:
             index = np.flatnonzero(~problem.switched_off)
             return allocate_active(
                 problem, lambda sub: self._allocate(sub, **subset_inputs(inputs, index, m)))
         return self._allocate(problem, **inputs)
+
+    def _probe_solver(self, budget: int):
+        """A one-call allocation of an active-set probe with scalar bounds,
+        ``f(success_probs, lo, hi) -> Allocation or None``; None: probes take
+        :meth:`_allocate`."""
+        return None
 
     def validate(self, success_probs, budget, *, min_rollouts=None, max_rollouts=None,
                  **inputs: Any) -> AllocationProblem:

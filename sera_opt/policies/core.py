@@ -133,6 +133,13 @@ class SERAPolicy(AllocationPolicy):
         return super().allocate(success_probs, budget, min_rollouts=min_rollouts,
                                 max_rollouts=max_rollouts, **inputs)
 
+    def _probe_solver(self, budget: int):
+        if self.rounding != "exact" or type(self.solver) is not WaterlineSolver:
+            return None
+        continuous = self.solver_options.get("continuous", True)
+        offset = self.offset
+        return lambda p, lo, hi: allocate_batch(p, budget, lo, hi, offset, continuous)
+
     def _allocate(self, problem: AllocationProblem) -> Allocation:
         if self.rounding == "paper":
             return _paper_allocation(problem, self.name)
