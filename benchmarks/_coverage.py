@@ -506,7 +506,8 @@ def plot_paired_bands(panels: Sequence[tuple[str, str, Mapping[str, Sequence[Map
         ax.axhline(0.0, color="0.4", lw=0.8)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(f"{ylabel} minus {baseline}'s (paired by seed)")
-    axes[0][0].legend(fontsize=8)
+    if axes[0][0].get_legend_handles_labels()[0]:
+        axes[0][0].legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
     return _harness.save_figure(fig, out_dir, name)
