@@ -12,6 +12,12 @@ not see each notice twice. Silence the notices with
 (or set ``propagate = True`` and remove ours). The package's other loggers
 (``sera_opt.integrations.*``) are left as the logging module makes them: they
 propagate to the application's handlers.
+
+A notice never shares a line with a progress bar: while a tqdm bar draws on the same
+standard error, the notice is written through ``tqdm.write`` on a terminal (the bar is
+cleared, the notice printed, the bar redrawn below it), and elsewhere (a log file, a pipe,
+where the bar's ``\r`` does not return to the start of a line) on a line of its own after
+the bar's.
 """
 
 from __future__ import annotations
@@ -38,13 +44,54 @@ class _StderrHandler(logging.StreamHandler):
         return sys.stderr
 
     def emit(self, record):
-        if sys.stderr is None:  # started with standard error closed (`2>&-`)
+        stream = sys.stderr
+        if stream is None:  # started with standard error closed (`2>&-`)
             return
-        super().emit(record)
+        if not _bar_on(stream):
+            super().emit(record)
+            return
+        try:
+            message = self.format(record)
+            if _is_terminal(stream):
+                from tqdm import tqdm
+
+                tqdm.write(message, file=stream)
+            else:
+                # The bar's text is still on the current line: end it first.
+                stream.write(f"\n{message}\n")
+            self.flush()
+        except Exception:
+            self.handleError(record)
 
     def flush(self):
         if sys.stderr is not None:
             super().flush()
+
+
+def _bar_on(stream) -> bool:
+    """Whether a tqdm bar is drawing on ``stream`` now (tqdm is never imported for this:
+    without it loaded there is no bar)."""
+    std = sys.modules.get("tqdm.std")
+    if std is None:
+        return False
+    try:
+        bars = list(getattr(std.tqdm, "_instances", ()))
+    except RuntimeError:  # the set changed while it was copied: a bar is coming or going
+        return True
+    for bar in bars:
+        target = getattr(bar, "fp", None)
+        if getattr(bar, "disable", False) or target is None:
+            continue
+        if getattr(target, "_wrapped", target) is stream:  # tqdm wraps the file it is given
+            return True
+    return False
+
+
+def _is_terminal(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
 
 
 if not any(isinstance(handler, _StderrHandler) for handler in LOGGER.handlers):

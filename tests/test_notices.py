@@ -65,3 +65,43 @@ def test_a_level_on_the_package_or_the_notices_logger_silences_them(name, capsys
     finally:
         logger.setLevel(before)
     assert capsys.readouterr().err == ""
+
+
+def _bar_and_notice(monkeypatch, stream):
+    tqdm = pytest.importorskip("tqdm").tqdm
+    monkeypatch.setattr("sys.stderr", stream)
+    bar = tqdm(range(10), desc="arms", file=stream, mininterval=0, leave=False)
+    for i, _ in enumerate(bar):
+        if i == 4:
+            notice("sera_opt: compiling kernels.closed.bracket_solve ...", level=logging.INFO)
+    bar.close()
+    return stream.getvalue()
+
+
+def test_a_notice_gets_a_line_of_its_own_beside_a_progress_bar(monkeypatch):
+    import io
+
+    # Without a terminal (a log file, CI) a bar returns with \r: the notice must not land
+    # on the bar's line.
+    text = _bar_and_notice(monkeypatch, io.StringIO())
+    lines = [line for line in text.split("\n") if "bracket_solve" in line]
+    assert lines == ["sera_opt: compiling kernels.closed.bracket_solve ..."], text
+
+
+def test_on_a_terminal_the_bar_is_cleared_around_the_notice(monkeypatch):
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    text = _bar_and_notice(monkeypatch, Terminal())
+    # The notice's line, as a terminal shows it: what follows the last \r before it.
+    (line,) = [line for line in text.split("\n") if "bracket_solve" in line]
+    assert line.rsplit("\r", 1)[-1] == "sera_opt: compiling kernels.closed.bracket_solve ...", text
+    assert "arms" not in line.rsplit("\r", 1)[-1]
+
+
+def test_without_a_bar_a_notice_is_one_plain_line(capsys):
+    notice("sera_opt: plain", level=logging.INFO)
+    assert capsys.readouterr().err == "sera_opt: plain\n"
