@@ -5,12 +5,14 @@ after installing takes several seconds, every later process loads them in a
 fraction of one. Every kernel module compiles with :func:`njit` (numba's, with
 the cache in the key-named directory of :mod:`sera_opt._kernel_cache`, outside
 the installed package). A kernel that numba compiles (one not in its cache) is
-announced by name when its compile starts and again when it is done, with the seconds
-it took (:class:`_CompileNotices`, a listener of numba's compile events, so that only
-real compiles are announced, never a load from the cache): the start notice at most
-once a minute, so that a first step that compiles several kernels says so once, and a
-later call that compiles another one (another policy's kernel) says so again; the
-done notice for every kernel that took at least :data:`DONE_AFTER_S` seconds.
+announced by name when its compile starts, with about how long it takes
+(:data:`COMPILE_SECONDS`), and again when it is done, with the seconds it took
+(:class:`_CompileNotices`, a listener of numba's compile events, so that only real
+compiles are announced, never a load from the cache). The explanation (:data:`MESSAGE`:
+once per version, the cache) comes at most once a minute; within that minute a kernel
+known to compile in under a second starts without a line, and every other kernel still
+gets its own start line, so that no long compile begins in silence. The done notice
+comes for every kernel that took at least :data:`DONE_AFTER_S` seconds.
 :func:`kernels` imports a kernel module on first use (so that ``import sera_opt``
 does not load numba).
 
@@ -54,6 +56,19 @@ DONE_AFTER_S = 0.5
 #: The start of every notice that a compile begins (the kernel's name follows).
 MESSAGE = ("sera_opt: compiling the solver (once per version; later runs load it "
            "from the kernel cache, `sera-opt cache` says where)")
+#: About how long a kernel's compile takes, in seconds on one free core of the development
+#: machine (a busy machine takes longer); kernels not named here compile in a few seconds.
+#: The start notice quotes it, so that a long compile is not taken for a hang.
+COMPILE_SECONDS = {
+    "kernels.waterline.waterline_solve": 15.0,
+    "kernels.closed.bracket_solve": 20.0,
+    "kernels.closed.collect_solve": 10.0,
+    "kernels.entries.solve": 20.0,
+    "kernels.gains.prepare": 1.0,
+    "tracking.evidence_kernels.update_evidence": 1.0,
+    "tracking.evidence_kernels.posterior_means": 0.2,
+    "tracking.index_kernels.direct_insert": 0.2,
+}
 _DECORATING = threading.Lock()
 
 
@@ -230,12 +245,22 @@ class _CompileNotices:
                 _announce_done(name, self.started, time.monotonic())
 
 
+def _about(name: str) -> str:
+    seconds = COMPILE_SECONDS.get(name)
+    if seconds is None:
+        return "a few seconds"
+    return "under a second" if seconds < 1 else f"about {seconds:.0f} s"
+
+
 def _announce_start(name: str, now: float) -> None:
-    """:data:`MESSAGE` with the kernel's name, unless a notice was given (or a covered
-    compile ended) in the last :data:`REPEAT_AFTER_S` seconds."""
+    """One line: :data:`MESSAGE` with the kernel's name and about how long it takes, or
+    within :data:`REPEAT_AFTER_S` seconds of the last notice (or covered compile) the
+    name and the time alone, except for a kernel known to take under a second."""
     global _ANNOUNCED_AT
     if _ANNOUNCED_AT is None or now - _ANNOUNCED_AT > REPEAT_AFTER_S:
-        notice(f"{MESSAGE}: {name} ...", level=logging.INFO)
+        notice(f"{MESSAGE}: {name} ({_about(name)}) ...", level=logging.INFO)
+    elif COMPILE_SECONDS.get(name, DONE_AFTER_S) >= DONE_AFTER_S:
+        notice(f"sera_opt: compiling {name} ({_about(name)}) ...", level=logging.INFO)
     _ANNOUNCED_AT = now
 
 
