@@ -56,8 +56,9 @@ DONE_AFTER_S = 0.5
 #: The start of every notice that a compile begins (the kernel's name follows).
 MESSAGE = ("sera_opt: compiling the solver (once per version; later runs load it "
            "from the kernel cache, `sera-opt cache` says where)")
-#: About how long a kernel's compile takes, in seconds on one free core of the development
-#: machine (a busy machine takes longer); kernels not named here compile in a few seconds.
+#: About how long a kernel's compile takes, in seconds: rough figures from the CPU time of a
+#: first compile on the 2-core development machine (a busy machine takes longer, in wall
+#: time, than they say); kernels not named here compile in a few seconds.
 #: The start notice quotes it, so that a long compile is not taken for a hang.
 COMPILE_SECONDS = {
     "kernels.waterline.waterline_solve": 15.0,
