@@ -48,10 +48,19 @@ class _StderrHandler(logging.StreamHandler):
         if stream is None:  # started with standard error closed (`2>&-`)
             return
         if not _bar_on(stream):
-            super().emit(record)
+            try:
+                stream.write(self.format(record) + self.terminator)
+            except UnicodeEncodeError:
+                # A path the stream's encoding cannot show (PYTHONIOENCODING=ascii): escape it.
+                self.flush()
+                stream.write(_escaped(self.format(record), stream) + self.terminator)
+            except Exception:
+                self.handleError(record)
+                return
+            self.flush()
             return
         try:
-            message = self.format(record)
+            message = _escaped(self.format(record), stream)
             if _is_terminal(stream):
                 from tqdm import tqdm
 
@@ -85,6 +94,11 @@ def _bar_on(stream) -> bool:
         if getattr(target, "_wrapped", target) is stream:  # tqdm wraps the file it is given
             return True
     return False
+
+
+def _escaped(text: str, stream) -> str:
+    encoding = getattr(stream, "encoding", None) or "ascii"
+    return text.encode(encoding, "backslashreplace").decode(encoding, "replace")
 
 
 def _is_terminal(stream) -> bool:

@@ -349,3 +349,29 @@ def test_the_checked_default_folder_is_the_benchmarks_default():
     from sera_opt.cli import BENCH_DEFAULT_OUT
 
     assert str(harness.DEFAULT_OUT) == BENCH_DEFAULT_OUT
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["cache"], ["cache", "info"]])
+def test_a_cache_path_the_terminal_cannot_encode_is_escaped_not_a_failure(tmp_path, argv):
+    import os
+
+    cache = tmp_path / "cache-é"
+    env = {**os.environ, "PYTHONIOENCODING": "ascii", "SERA_OPT_CACHE_DIR": str(cache)}
+    out = subprocess.run([sys.executable, "-m", "sera_opt.cli", *argv], env=env,
+                         capture_output=True, timeout=120)
+    assert out.returncode == 0, out.stderr.decode("ascii", "replace")
+    assert b"unexpected" not in out.stderr and b"cache-\\xe9" in out.stdout, out
+
+
+def test_a_notice_the_stream_cannot_encode_is_escaped(monkeypatch):
+    import io
+    import logging
+
+    from sera_opt._notices import notice
+
+    stream = io.TextIOWrapper(io.BytesIO(), encoding="ascii")
+    monkeypatch.setattr("sys.stderr", stream)
+    notice("sera_opt: the kernel cache at /tmp/cache-é cannot be written", level=logging.INFO)
+    stream.flush()
+    assert stream.buffer.getvalue() == b"sera_opt: the kernel cache at /tmp/cache-\\xe9 cannot " \
+                                       b"be written\n"

@@ -133,8 +133,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _escape_what_cannot_be_encoded() -> None:
+    """A path or a name that the terminal's encoding cannot show (a non-ASCII cache folder
+    under ``PYTHONIOENCODING=ascii``) is written as Python's escapes (``\\xe9``) instead of
+    failing the command with UnicodeEncodeError."""
+    for stream in (sys.stdout, sys.stderr):
+        if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
+            try:
+                stream.reconfigure(errors="backslashreplace")
+            except (ValueError, OSError, io.UnsupportedOperation):
+                pass
+
+
 def main(argv=None) -> int:
     """Run ``sera-opt`` with ``argv`` (default ``sys.argv[1:]``); return the exit status."""
+    _escape_what_cannot_be_encoded()
     parser = build_parser()
     try:
         args, rest = parser.parse_known_args(argv)
