@@ -239,12 +239,17 @@ def _jsonable(obj: Any) -> Any:
 
 
 def write_json(out_dir: Path, name: str, payload: dict[str, Any]) -> Path:
-    """Write ``payload`` plus the machine description to ``out_dir/name.json``."""
+    """Write ``payload`` plus the machine description to ``out_dir/name.json``, whole or
+    not at all (a run stopped while it writes leaves the previous file, never a truncated
+    one that a decision tool would have to refuse)."""
+    from sera_opt.checked_state import write_atomic
+
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.json"
     body = {"benchmark": name, "machine": machine_info(), **payload}
-    path.write_text(json.dumps(_jsonable(body), indent=2) + "\n")
+    data = (json.dumps(_jsonable(body), indent=2) + "\n").encode("utf-8")
+    write_atomic(path, lambda f: f.write(data))
     return path
 
 

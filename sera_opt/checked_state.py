@@ -155,6 +155,15 @@ def unseal(payload: Any, *, source: str) -> Any:
     return payload["state"]
 
 
+def _mode_for(path: str) -> int:
+    try:
+        return os.stat(path).st_mode & 0o777
+    except OSError:
+        umask = os.umask(0)  # read it: there is no other way
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
 def write_atomic(path: str | os.PathLike, write: Callable[[IO[bytes]], Any]) -> str:
     """Write a file whole or not at all: ``write(f)`` fills a temporary file in ``path``'s
     folder, which then replaces ``path`` in one rename.
@@ -181,6 +190,9 @@ def write_atomic(path: str | os.PathLike, write: Callable[[IO[bytes]], Any]) -> 
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.",
                                suffix=".tmp")
     try:
+        # mkstemp makes the file private (0600): give it the mode open() would have, or the
+        # mode of the file it replaces, so that a save does not change who can read it.
+        os.chmod(tmp, _mode_for(path))
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()

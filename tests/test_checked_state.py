@@ -75,3 +75,14 @@ def test_write_atomic_replaces_whole_or_leaves_the_old_file(tmp_path):
     assert os.listdir(tmp_path) == ["state.bin"]
     checked_state.write_atomic(path, lambda f: f.write(b"new"))
     assert path.read_bytes() == b"new"
+
+
+def test_write_atomic_keeps_the_mode_a_plain_write_would_give(tmp_path):
+    plain = tmp_path / "plain.bin"
+    plain.write_bytes(b"x")
+    atomic = tmp_path / "atomic.bin"
+    checked_state.write_atomic(atomic, lambda f: f.write(b"x"))
+    assert (atomic.stat().st_mode & 0o777) == (plain.stat().st_mode & 0o777)
+    os.chmod(atomic, 0o640)
+    checked_state.write_atomic(atomic, lambda f: f.write(b"y"))
+    assert atomic.stat().st_mode & 0o777 == 0o640
