@@ -420,6 +420,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="summarize the runs of earlier arithmetic.json files (seed shards "
                              "of one configuration, made with --seed and --seeds) instead of "
                              "training")
+    parser.add_argument("--sft-target", type=_harness.fraction, default=None,
+                        help="the sampled success at which the warm start stops (override)")
     parser.add_argument("--rl-lr", type=_harness.positive, default=None,
                         help="the MaxRL steps' constant learning rate (override; the pilot "
                              "of a preset picks it)")
@@ -441,6 +443,8 @@ def config_from_args(args: argparse.Namespace) -> ExperimentConfig:
         overrides["sft_steps"] = args.sft_steps
     if args.rl_lr is not None:
         overrides["rl_lr"] = args.rl_lr
+    if args.sft_target is not None:
+        overrides["sft_target_success"] = args.sft_target
     return replace(cfg, **overrides).validate()
 
 
