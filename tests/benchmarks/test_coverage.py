@@ -290,3 +290,14 @@ def test_arithmetic_seed_shards_merge_into_the_run_of_all_seeds(tmp_path):
                                       whole["summary"][arm]["pass_at_k_mean"])
     with pytest.raises(SeraOptError, match="more than one file"):
         merge([tmp_path / "s0" / "arithmetic.json"] * 2, plots=False)
+
+
+def test_the_pilot_scan_reports_the_warm_start_half_per_level(capsys):
+    from sera_opt.benchmarks.arithmetic import pilot
+
+    rows = pilot.scan("quick", 3, [0.05])
+    assert len(rows) == 1 and rows[0]["level"] == 0.05 and 0 <= rows[0]["fraction_zero"] <= 1
+    assert pilot.main(["--preset", "quick", "--seed", "3", "--levels", "0.05"]) == 0
+    assert "regime check: warm start" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        pilot.main(["--levels", "0.1,x"])
