@@ -6,8 +6,11 @@ seed's warm start costs about 30 s of CPU time and each policy about 30 s with
 its evaluation: about 37 minutes of CPU time on one core),
 ``sera-opt bench arithmetic --quick`` (1 seed, under a minute) or
 ``sera-opt bench arithmetic --preset large --device auto`` (the larger
-configuration, meant for a CUDA device). The results and their reading are in
-docs/benchmarks.md, section "Arithmetic".
+configuration, meant for a CUDA device). ``--preset expand`` is where training can raise
+coverage (the arms of :data:`sera_opt.benchmarks._coverage.COVERAGE_ARMS`, the regime check
+and the comparisons of docs/decisions/2026-12-07-coverage-expansion-rule.md; shard its seeds
+with ``--seed``/``--seeds`` and combine them with ``--merge``). The results and their
+reading are in docs/benchmarks.md, section "Arithmetic".
 
 For each seed:
 

@@ -364,8 +364,8 @@ def train_maxrl(model, tokenizer, cfg: ExperimentConfig, train, test, policy: st
 
     torch = _torch()
     arm = _coverage.parse_loop_arm(policy)
-    # A static arm of the authors' configuration reads (0 for the others) the spec's
-    # rounds; the peer and the rounds arms keep their own paths below.
+    # The authors' configuration and grpo plan each step once (uniform's spec stands in
+    # for their rounds); the peer and the rounds arms keep their own paths below.
     spec = arm.spec if arm.spec is not None else _harness.parse_arm("uniform")
     planner = _coverage.build_planner(arm, min_rollouts=cfg.min_rollouts,
                                       max_rollouts=cfg.max_rollouts, offset=cfg.offset,

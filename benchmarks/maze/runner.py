@@ -33,8 +33,10 @@ of :data:`REPORT_ARMS`, the runs that decided the library's default allocation;
 an arm costs about 20 s of CPU time per seed and a seed's warm-up 8 s: about
 31 minutes with the 2 worker processes on 2 shared cores), ``--preset hard``
 (larger mazes, 4 rollouts per maze, 16 seeds; about the same time) and
-``--preset large`` (for a GPU: ``--device cuda``). Results are in
-docs/benchmarks.md.
+``--preset large`` (for a GPU: ``--device cuda``). ``--preset paper`` runs the hard
+mazes with the paper's settings (N0 = 16, bounds 2 and 64, passes over the training
+mazes) and the coverage arms, with the regime check and the comparisons of
+docs/decisions/2026-12-07-coverage-expansion-rule.md. Results are in docs/benchmarks.md.
 """
 
 from __future__ import annotations
