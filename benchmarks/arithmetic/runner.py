@@ -122,8 +122,8 @@ def _summary(cfg: ExperimentConfig, runs: list[dict]) -> dict[str, Any]:
 
 def _coverage_summary(cfg: ExperimentConfig, runs: list[dict], curves: dict) -> dict[str, Any]:
     """The regime check, the rule's comparisons (final step and the CPU grid's last amount
-    every run reached) and the gains by warm-start success bin (docs/decisions/
-    2026-12-07-coverage-expansion-rule.md)."""
+    every run reached) and the gains by warm-start success bin
+    (docs/decisions/2026-12-07-coverage-expansion-rule.md)."""
     regime = _coverage.regime_check(
         [run["warm_start"]["train_success_rates"] for run in runs],
         curves["warm_start"], curves["uniform"])

@@ -226,8 +226,8 @@ def summarize(config, warmups: list[dict], arms: list[dict]) -> dict:
 def _coverage_summary(config, warmups: list[dict], by_arm: dict[str, list[dict]],
                       seeds: list[int]) -> dict:
     """The regime check, the rule's comparisons (final step and the CPU grid's last amount
-    every run reached) and the gains by warm-up success bin (docs/decisions/
-    2026-12-07-coverage-expansion-rule.md)."""
+    every run reached) and the gains by warm-up success bin
+    (docs/decisions/2026-12-07-coverage-expansion-rule.md)."""
     runs = {arm: sorted(rows, key=lambda r: seeds.index(r["seed"])) for arm, rows in by_arm.items()}
     final = {arm: [r["pass_at_k"] for r in rows] for arm, rows in runs.items()}
     regime = _coverage.regime_check([w["train_success_probs"] for w in warmups],

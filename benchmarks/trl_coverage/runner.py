@@ -232,8 +232,8 @@ def summarize(cfg, seeds: list[int], runs: list[dict],
 
 def _coverage_summary(cfg, seeds, by_arm, warm_starts, grids) -> dict[str, Any] | None:
     """The regime check, the rule's comparisons (final step and the CPU grid's last amount
-    every run reached) and the gains by warm-start success bin (docs/decisions/
-    2026-12-07-coverage-expansion-rule.md); None for warm starts cached before the check."""
+    every run reached) and the gains by warm-start success bin
+    (docs/decisions/2026-12-07-coverage-expansion-rule.md); None for warm starts cached before the check."""
     warm = {w["seed"]: w for w in warm_starts or []}
     if any("train_success_rates" not in warm.get(s, {}) for s in seeds):
         return None
