@@ -45,7 +45,7 @@ One call runs a job::
     workdir = verl_cpu.build_tiny_setup("/tmp/verl_cpu")   # model, tokenizer, data
     verl_cpu.run(verl_cpu.cpu_overrides(workdir) + ["trainer.total_training_steps=2"])
 
-or from the shell: ``python -m sera_opt.integrations.verl_cpu <hydra overrides>``.
+or from the shell: ``python -m sera_opt.integrations.verl_cpu /tmp/verl_cpu <hydra overrides>``.
 
 verl releases other than 0.9.1 are refused on import unless
 ``SERA_OPT_ALLOW_UNTESTED_VERSIONS=1`` is set: each workaround answers a line of
@@ -137,10 +137,24 @@ def ray_cpus(ranks: int = 1) -> int:
 DATA_SOURCE = "sera_opt_cpu_addition"
 
 
+def _release_supported(version: str) -> bool:
+    """``version`` is one of :data:`SUPPORTED_VERL_VERSIONS` (a local or post suffix allowed,
+    so 0.9.1 and 0.9.1.post1 pass but 0.9.10 does not)."""
+    return any(
+        version == release or version[len(release):len(release) + 1] in (".", "+")
+        and version.startswith(release)
+        for release in SUPPORTED_VERL_VERSIONS
+    )
+
+
 def _check_verl_version() -> None:
+    version = str(getattr(verl, "__version__", "unknown"))
+    # _common.check_version matches release prefixes ("0.9." for the adapter); this module
+    # answers lines of one release, so a prefix that is not followed by "." or "+" is
+    # another release (0.9.10 is not 0.9.1).
     _common.check_version(
         "verl",
-        getattr(verl, "__version__", "unknown"),
+        version if _release_supported(version) else f"release {version}",
         SUPPORTED_VERL_VERSIONS,
         adapter="sera_opt.integrations.verl_cpu",
         reason=(
@@ -1338,13 +1352,18 @@ class _StepRecorder:
     def record_batch(self, step: int, batch) -> None:
         import transfer_queue as tq
 
-        data = tq.kv_batch_get(
-            keys=batch.keys,
-            partition_id=batch.partition_id,
-            select_fields=["uid", "rm_scores", "response_mask", "advantages"],
-        )
+        fields = ["uid", "rm_scores", "response_mask", "advantages", "index"]
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                               select_fields=fields)
         mask = data["response_mask"]
+        index = data["index"] if "index" in data.keys() else None
+        if isinstance(index, torch.Tensor):
+            index = index.tolist()
         record = {
+            # The dataset's extra_info.index of each row's prompt (verl's "index").
+            "prompt_ids": None if index is None else [
+                value.item() if hasattr(value, "item") else value for value in index
+            ],
             "keys": list(batch.keys),
             "uids": list(data["uid"].tolist()) if hasattr(data["uid"], "tolist")
             else list(data["uid"]),
@@ -1365,8 +1384,22 @@ class _StepRecorder:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m sera_opt.integrations.verl_cpu <overrides>``: :func:`run` on the arguments."""
-    run(sys.argv[1:] if argv is None else argv)
+    """``python -m sera_opt.integrations.verl_cpu FOLDER [overrides]``: a CPU run.
+
+    FOLDER holds a setup of :func:`build_tiny_setup` (written there first when it has
+    no ``model`` folder); the run takes :func:`cpu_overrides` of it, then the given
+    Hydra overrides (``trainer.v1.trainer_mode=sera_sync``, another model's path, ...).
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or "=" in argv[0]:
+        raise SeraOptError(
+            "usage: python -m sera_opt.integrations.verl_cpu FOLDER [hydra overrides]; FOLDER "
+            "gets a tiny model and data set when it has none."
+        )
+    folder, overrides = argv[0], argv[1:]
+    if not os.path.isdir(os.path.join(folder, "model")):
+        build_tiny_setup(folder)
+    run(cpu_overrides(folder) + overrides)
 
 
 if __name__ == "__main__":  # pragma: no cover - a command
