@@ -376,7 +376,14 @@ def load_planner(planner: Any, folder: str | os.PathLike) -> str | None:
     # A file written before states were sealed carries no checksum and is taken as it is.
     state = (checked_state.unseal(payload, source=path) if checked_state.is_sealed(payload)
              else payload)
-    planner.load_state_dict(state)
+    try:
+        planner.load_state_dict(state)
+    except SeraOptError as exc:
+        raise SeraOptError(
+            f"{path} cannot be resumed into this planner: {exc} A trainer resumes with the "
+            "planner it is given, never another: pass it a planner configured as the one the "
+            "checkpoint was trained with, or delete the file to resume with a fresh planner."
+        ) from None
     return path
 
 

@@ -414,10 +414,10 @@ class SeraGRPOTrainer(GRPOTrainer):
                 "call per step) or set rounds=1, or drive the rounds yourself with "
                 "sera_opt.integrations.torch_loop.maxrl_round_step."
             )
-        super().__init__(model, reward_funcs, args, **kwargs)
         # A tracker frozen per epoch (the authors' estimates) folds an epoch's outcomes in at
         # each pass over the training data.
-        self.add_callback(_EpochBoundary(self))
+        kwargs["callbacks"] = [*(kwargs.get("callbacks") or ()), _EpochBoundary(self)]
+        super().__init__(model, reward_funcs, args, **kwargs)
 
     # ------------------------------------------------------------------ planning
     def _sera_prompt_id(self, row: dict[str, Any]) -> Any:

@@ -51,6 +51,11 @@ _FORMAT_V1 = "sera_opt.RolloutPlanner/1"
 #: estimator agree; pass ``offset=0, min_rollouts=1`` for ``"success_average"``.
 DEFAULT_POLICY = "uniform"
 DEFAULT_POLICY_OPTIONS: dict[str, Any] = {"offset": 1, "min_rollouts": 2}
+#: The offset a policy named without one takes: that of ``maxrl_advantages``' default
+#: estimator (``"mean_centred"``, c = 1), so that the factors a planner equalizes are the
+#: estimator's; with ``offset=1`` every policy's minimum is at least 2. Pass
+#: ``offset=0`` for ``"success_average"``.
+ESTIMATOR_DEFAULT_OFFSET = 1
 
 #: The policy that a planner built without one allocates the later rounds of a step
 #: with, when rounds are asked for (``rounds >= 2``; the default, :data:`DEFAULT_ROUNDS`,
@@ -96,10 +101,11 @@ class RolloutPlanner(LockedState):
         A registered policy name (see :func:`sera_opt.available_policies`) or
         an instance. None: :data:`DEFAULT_POLICY` with :data:`DEFAULT_POLICY_OPTIONS`
         (``uniform``, ``offset=1``, ``min_rollouts=2``: the pairing for the default
-        ``maxrl_advantages`` estimator). A named policy takes its own defaults
-        (offset 0, ``min_rollouts=1``): pass ``offset`` and ``min_rollouts`` for the
-        estimator you use, e.g. ``RolloutPlanner("sera-fair", alpha=1.0, offset=1,
-        min_rollouts=2)``.
+        ``maxrl_advantages`` estimator). A policy named without an ``offset`` takes the
+        default estimator's too (:data:`ESTIMATOR_DEFAULT_OFFSET`, 1, so its minimum is at
+        least 2): ``RolloutPlanner("sera-fair", alpha=1.0)`` pairs with
+        ``maxrl_advantages()``. Pass ``offset=0`` for ``"success_average"``. A policy
+        instance keeps its own offset.
     tracker : SuccessTracker or EpochTracker, optional
         Defaults to ``SuccessTracker()`` (fitted prior, no forgetting); for the
         ``"sera-paper"`` policy to the authors' estimates, ``EpochTracker()`` (frozen per
@@ -138,12 +144,23 @@ class RolloutPlanner(LockedState):
         if default:
             policy, policy_options = DEFAULT_POLICY, {**DEFAULT_POLICY_OPTIONS, **policy_options}
             _check_default_options(policy_options)
+        elif isinstance(policy, str) and "offset" not in policy_options:
+            # The offset of the estimator the counts will feed: maxrl_advantages' default,
+            # the mean-centred one (offset 1; a prompt then needs 2 rollouts for a signal).
+            policy_options = {**policy_options, "offset": ESTIMATOR_DEFAULT_OFFSET}
         self.policy: AllocationPolicy = get_policy(policy, **policy_options)
         if round_policy is None:
             round_policy = DEFAULT_ROUND_POLICY if default else self.policy
         self.round_policy: AllocationPolicy = (
             _round_policy_named(round_policy, self.policy) if isinstance(round_policy, str)
             else get_policy(round_policy))
+        if self.round_policy.offset != self.policy.offset:
+            raise SeraOptError(
+                f"round_policy {self.round_policy.name!r} has offset={self.round_policy.offset} "
+                f"but the planner's policy {self.policy.name!r} has offset={self.policy.offset}: "
+                f"the rounds would report factors for another estimator than the one the "
+                f"counts feed. Build the round policy with offset={self.policy.offset}, or "
+                f"name it (round_policy={self.round_policy.name!r}) to take the policy's.")
         if tracker is None:
             tracker = _default_tracker(self.policy)
         elif not isinstance(tracker, _tracker_types()):
@@ -411,7 +428,8 @@ class RolloutPlanner(LockedState):
                 "open_rounds": list(self._owed),
             }
 
-    def load_state_dict(self, state: Mapping[str, Any], **objects: Any) -> RolloutPlanner:
+    def load_state_dict(self, state: Mapping[str, Any], *, replace_config: bool = False,
+                        **objects: Any) -> RolloutPlanner:
         """Restore a :meth:`state_dict`, all or nothing: the tracker exactly, and the
         policy (and the round policy) rebuilt from their configurations. Returns
         ``self``. A state saved before planners had a round policy of their own
@@ -422,8 +440,11 @@ class RolloutPlanner(LockedState):
         :meth:`observe_rounds`. Sessions opened before the load and not in the state are
         no longer owed (the state predates them).
 
-        A rejected state raises :class:`SeraOptError` and leaves the planner as it
-        was. Options the state can only name (a solver that is not registered) are
+        The state must be of this planner's configuration: its policy, round policy and
+        tracker settings (:meth:`config`, the tracker's prior, decay or discount). One of
+        another configuration is refused with both named, unless ``replace_config=True``
+        asks for the state's configuration to replace the planner's. A rejected state
+        raises :class:`SeraOptError` and leaves the planner as it was. Options the state can only name (a solver that is not registered) are
         taken from the planner's current policy when it holds one of that name, or
         from ``objects`` (``load_state_dict(state, solver=my_solver)``).
         """
@@ -456,10 +477,31 @@ class RolloutPlanner(LockedState):
                 round_config, **self._current_objects(round_config, objects))
             )
             tracker = tracker_type.from_state_dict(tracker_state)
+            if not isinstance(replace_config, bool):
+                raise SeraOptError(
+                    f"replace_config must be True or False; got {replace_config!r}.")
+            if not replace_config:
+                self._check_same_configuration(policy, round_policy, tracker)
             # All built and checked: swap them in together.
             self.policy, self.round_policy, self.tracker = policy, round_policy, tracker
             self._owed = dict.fromkeys(owed)
         return self
+
+    def _check_same_configuration(self, policy, round_policy, tracker) -> None:
+        """Refuse a state whose configuration is not this planner's (load never changes
+        what the caller asked for without being told to)."""
+        ours = {"policy": self.policy.config(), "round_policy": self.round_policy.config(),
+                "tracker": (type(self.tracker).__name__, _tracker_config(self.tracker))}
+        theirs = {"policy": policy.config(), "round_policy": round_policy.config(),
+                  "tracker": (type(tracker).__name__, _tracker_config(tracker))}
+        differ = [key for key in ours if not _same(ours[key], theirs[key])]
+        if differ:
+            lines = "; ".join(f"{key}: the planner's {ours[key]!r}, the state's {theirs[key]!r}"
+                              for key in differ)
+            raise SeraOptError(
+                f"the state is of another planner configuration ({lines}). Build the planner "
+                f"with the state's configuration, or pass replace_config=True to load it with "
+                f"its own.")
 
     def _current_objects(self, config, objects: dict[str, Any]) -> dict[str, Any]:
         """``objects``, completed from the current policy for options the configuration
@@ -480,6 +522,25 @@ class RolloutPlanner(LockedState):
     def __repr__(self) -> str:
         return (f"RolloutPlanner(policy={self.policy!r}, round_policy={self.round_policy!r}, "
                 f"tracker={self.tracker!r})")
+
+
+def _tracker_config(tracker) -> dict[str, Any]:
+    """A tracker's settings, as its state records them."""
+    config = getattr(tracker, "config", None)
+    if callable(config):
+        return dict(config())
+    return dict(tracker.state_dict()["config"])
+
+
+def _same(a, b) -> bool:
+    """Equal configurations (arrays of bounds compared by value)."""
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.array_equal(np.asarray(a), np.asarray(b))
+    return a == b
 
 
 def _tracker_types() -> tuple[type, ...]:

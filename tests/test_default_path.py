@@ -69,7 +69,7 @@ def test_allocate_errors_are_raised_every_call(counting):
     p = np.random.default_rng(2).uniform(0, 1, 10)
     for _ in range(2):
         with pytest.raises(sera_opt.SeraOptError):
-            sera_opt.allocate(p, 80, min_rollouts=0, offset=1)
+            sera_opt.allocate(p, 80, min_rollouts=1, offset=1)
     assert not api._POLICIES, "a rejected configuration was kept"
 
 

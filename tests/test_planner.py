@@ -26,7 +26,9 @@ def test_plan_feeds_the_tracker_estimates_to_the_policy(name):
     planner = RolloutPlanner(name, tracker=tracker, max_rollouts=32)
     ids = np.arange(35, 45)  # five seen prompts, five new ones
     alloc = planner.plan(ids, budget=120)
-    want = get_policy(name, max_rollouts=32).allocate(tracker.estimate(ids), 120)
+    # A policy named without an offset takes the default estimator's (mean-centred: 1).
+    assert planner.policy.offset == 1
+    want = get_policy(name, max_rollouts=32, offset=1).allocate(tracker.estimate(ids), 120)
     np.testing.assert_array_equal(alloc.counts, want.counts)
     assert alloc.counts.sum() == 120
 
@@ -38,10 +40,10 @@ def test_posterior_policies_receive_the_posterior(name):
     assert planner.uses_posterior
     ids = np.arange(30, 50)
     alloc = planner.plan(ids, budget=160)
-    want = get_policy(name).allocate(None, 160, posterior=tracker.posterior(ids))
+    want = get_policy(name, offset=1).allocate(None, 160, posterior=tracker.posterior(ids))
     np.testing.assert_array_equal(alloc.counts, want.counts)
     # ... which is not the same as reading the means with the default pseudo-count.
-    plain = get_policy(name).allocate(tracker.estimate(ids), 160)
+    plain = get_policy(name, offset=1).allocate(tracker.estimate(ids), 160)
     assert not np.allclose(alloc.factors, plain.factors)
 
 
@@ -75,21 +77,21 @@ def test_state_dict_round_trip_restores_tracker_and_policy():
     planner = RolloutPlanner("sera-bayes", tracker=warmed_tracker(2), max_rollouts=16,
                              offset=1, prior_strength=4.0)
     state = pickle.loads(pickle.dumps(planner.state_dict()))
-    restored = RolloutPlanner().load_state_dict(state)
+    restored = RolloutPlanner().load_state_dict(state, replace_config=True)
     assert restored.policy.name == "sera-bayes"
     assert restored.policy.offset == 1 and restored.policy.prior_strength == 4.0
     ids = np.arange(10, 30)
     np.testing.assert_array_equal(restored.plan(ids, 100).counts, planner.plan(ids, 100).counts)
     # The lead's SERA policy round-trips its solver options too.
     sera = RolloutPlanner("sera", solver="waterline", continuous=False, max_rollouts=8)
-    back = RolloutPlanner("uniform").load_state_dict(sera.state_dict())
+    back = RolloutPlanner("uniform").load_state_dict(sera.state_dict(), replace_config=True)
     assert back.plan([1, 2, 3], 12).continuous is None
 
 
 def test_allocate_options_are_forwarded_or_rejected():
     planner = RolloutPlanner("gvm", tracker=warmed_tracker(3))
     alloc = planner.plan([0, 1, 2], 12, gradient_norms=[0.0, 1.0, 1.0])
-    assert alloc.counts[0] == 1
+    assert alloc.counts[0] == 2  # the minimum of the mean-centred estimator's offset
     with pytest.raises(SeraOptError, match="does not take"):
         RolloutPlanner("sera").plan([0, 1], 4, gradient_norms=[1, 1])
     with pytest.raises(SeraOptError, match="posterior"):
@@ -133,9 +135,9 @@ def test_a_planner_on_a_users_solver_round_trips():
     # Built otherwise, it is told to pass the solver again, and then restores.
     other = RolloutPlanner("uniform")
     with pytest.raises(SeraOptError, match="pass it again"):
-        other.load_state_dict(state)
+        other.load_state_dict(state, replace_config=True)
     assert other.policy.name == "uniform", "a rejected state must leave the planner as it was"
-    other.load_state_dict(state, solver=same.policy.solver)
+    other.load_state_dict(state, solver=same.policy.solver, replace_config=True)
     np.testing.assert_array_equal(other.plan(ids, 40).counts, want)
 
 
@@ -187,7 +189,7 @@ def test_a_rejected_state_leaves_the_planner_exactly_as_it_was(kind):
 
 def test_a_good_state_replaces_both_parts():
     source = RolloutPlanner("sera-fair", tracker=warmed_tracker(5), alpha=2.0, offset=1)
-    planner = RolloutPlanner("hora").load_state_dict(source.state_dict())
+    planner = RolloutPlanner("hora").load_state_dict(source.state_dict(), replace_config=True)
     assert planner.policy.name == "sera-fair" and planner.policy.alpha == 2.0
     assert planner.tracker.state_dict()["step"] == source.tracker.state_dict()["step"]
 
@@ -218,3 +220,37 @@ def test_observe_refuses_the_plan_with_the_call_that_fits():
         planner.observe(plan, np.zeros(6))
     planner.observe(np.repeat([3, 4], plan.counts), np.zeros(6))
     assert planner.tracker.step == 1
+
+
+def test_a_named_policy_pairs_with_the_default_estimator_unless_told():
+    assert RolloutPlanner("sera-fair", alpha=1.0).policy.offset == 1
+    assert RolloutPlanner("sera-fair", alpha=1.0).policy.min_rollouts == 2
+    assert RolloutPlanner("vip").policy.min_rollouts == 4  # its own, larger minimum stays
+    assert RolloutPlanner("sera", offset=0).policy.offset == 0
+    own = get_policy("sera")  # an instance keeps its own offset
+    assert RolloutPlanner(own).policy.offset == 0
+
+
+def test_a_round_policy_for_another_estimator_is_refused():
+    with pytest.raises(SeraOptError, match="offset=0 but the planner's policy"):
+        RolloutPlanner("sera", offset=1, round_policy=get_policy("uniform", offset=0))
+    # named, it takes the planner's offset
+    assert RolloutPlanner("sera", round_policy="uniform").round_policy.offset == 1
+
+
+def test_a_state_of_another_configuration_is_refused_unless_replacing():
+    source = RolloutPlanner("sera-fair", alpha=1.0)
+    source.observe([1, 2], [1, 0])
+    planner = RolloutPlanner()
+    with pytest.raises(SeraOptError, match="another planner configuration.*replace_config=True"):
+        planner.load_state_dict(source.state_dict())
+    assert planner.policy.name == "uniform", "a rejected state leaves the planner as it was"
+    planner.load_state_dict(source.state_dict(), replace_config=True)
+    assert planner.policy.name == "sera-fair"
+    # A tracker of another prior is another configuration too.
+    fixed = RolloutPlanner("sera-fair", alpha=1.0, tracker=SuccessTracker(prior=(1.0, 1.0)))
+    with pytest.raises(SeraOptError, match="tracker"):
+        fixed.load_state_dict(source.state_dict())
+    paper = RolloutPlanner.paper_sera()
+    with pytest.raises(SeraOptError, match="EpochTracker"):
+        RolloutPlanner.paper_sera(cold_start="prior").load_state_dict(paper.state_dict())

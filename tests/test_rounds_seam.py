@@ -204,7 +204,8 @@ def test_a_planner_state_saved_with_a_session_open_carries_what_it_owes():
     session.record(draw(P6)(session.next_round()))
     state = planner.state_dict()
     assert state["open_rounds"] == [session.session_id]
-    restored = sera_opt.RolloutPlanner().load_state_dict(pickle.loads(pickle.dumps(state)))
+    restored = sera_opt.RolloutPlanner().load_state_dict(pickle.loads(pickle.dumps(state)),
+                                                         replace_config=True)
     assert restored.open_rounds == (session.session_id,)
     again = pickle.loads(pickle.dumps(session))
     run_rounds(again, _resumed(P6, 0, 1))
@@ -231,7 +232,7 @@ _CHILD = textwrap.dedent("""
         _round[0] += 1
         return rng.random(int(counts.sum())) < np.repeat(p, counts)
 
-    planner = sera_opt.RolloutPlanner().load_state_dict(state)
+    planner = sera_opt.RolloutPlanner().load_state_dict(state, replace_config=True)
     out = run_rounds(session, sample)
     planner.observe_rounds(session)
     sys.stdout.buffer.write(pickle.dumps((out, planner.tracker.state_dict())))

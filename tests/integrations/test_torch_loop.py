@@ -105,7 +105,7 @@ def test_plan_rollouts_lays_out_rows_by_prompt():
 
 
 def test_plan_rollouts_rejects_bad_input():
-    planner = sera_opt.RolloutPlanner("uniform", min_rollouts=1)
+    planner = sera_opt.RolloutPlanner("uniform", min_rollouts=1, offset=0)
     with pytest.raises(SeraOptError, match="distinct"):
         plan_rollouts(planner, [1, 2, 1], budget=6)
     with pytest.raises(SeraOptError, match="budget"):
@@ -416,7 +416,7 @@ def test_the_default_round_step_is_the_static_step_in_one_sample_call():
                                           max_rollouts=24).observe(*seen)
         want = planner.plan(np.arange(12), 96).counts
 
-        def rollout(plan, logits=logits, step=step):
+        def rollout(plan, logits=logits, step=step, rng=rng):
             calls.append((step, plan.counts.copy()))
             rows = torch.as_tensor(plan.row_prompt_ids)
             rewards = torch.as_tensor(rng.random(plan.budget) < probs[plan.row_prompt_ids])

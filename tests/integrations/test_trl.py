@@ -27,6 +27,7 @@ if has_module("trl"):
     from trl import GRPOConfig, GRPOTrainer
 
     import sera_opt
+    from sera_opt import checked_state
     from sera_opt.exceptions import SeraOptError, SeraOptWarning
     from sera_opt.integrations._trl_tiny import (
         build_tiny_model,
@@ -316,7 +317,7 @@ def test_planner_state_is_saved_and_restored(trained, tokenizer, prompts):
     checkpoint = trained["output_dir"] / "checkpoint-3"
     path = checkpoint / PLANNER_STATE_FILE
     assert path.exists()
-    saved = torch.load(path, weights_only=False)
+    saved = checked_state.unseal(torch.load(path, weights_only=False), source=str(path))
     _assert_nested_equal(saved, trainer.sera_planner.state_dict())
 
     fresh_planner = sera_opt.RolloutPlanner("sera", min_rollouts=2, max_rollouts=10, offset=1)
@@ -344,6 +345,25 @@ def test_planner_state_is_saved_and_restored(trained, tokenizer, prompts):
         np.asarray(first["rewards"]),
     )
     _assert_nested_equal(replay.state_dict(), resumed.sera_planner.state_dict())
+
+
+def test_resume_with_a_planner_of_another_configuration_is_refused(trained, tokenizer, prompts):
+    """The trainer resumes with the planner it is given or says why it cannot: never with the
+    checkpoint's policy in place of the one passed."""
+    checkpoint = trained["output_dir"] / "checkpoint-3"
+    other = sera_opt.RolloutPlanner("sera-fair", alpha=1.0, min_rollouts=2, max_rollouts=10)
+    resumed = SeraGRPOTrainer(
+        model=build_tiny_model(tokenizer),
+        reward_funcs=copy_digit_reward,
+        args=_config(trained["output_dir"], max_steps=4),
+        train_dataset=_dataset(prompts),
+        processing_class=tokenizer,
+        planner=other,
+        rounds=1,
+    )
+    with pytest.raises(SeraOptError, match="another planner configuration.*sera-fair"):
+        resumed.train(resume_from_checkpoint=str(checkpoint))
+    assert other.policy.name == "sera-fair"
 
 
 def test_evaluation_uses_maxrl_advantages_on_uniform_groups(tmp_path, tokenizer, prompts):
