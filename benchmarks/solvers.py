@@ -266,9 +266,12 @@ def time_allocators(sizes, *, max_seconds: float, repeats: int, rng, show: bool)
                                              max_rollouts=MAX_ROLLOUTS, solver=solver, **options)
             else:
                 policy = sera_opt.get_policy(spec[0], **spec[1])
+                # A policy of the mean-centred estimator (offset 1, e.g. sera-paper) needs
+                # two rollouts a prompt: the lowest minimum its offset allows.
+                low = max(MIN_ROLLOUTS, int(policy.offset) + 1)
 
-                def call(p=p, budget=budget, policy=policy):
-                    return policy.allocate(p, budget, min_rollouts=MIN_ROLLOUTS,
+                def call(p=p, budget=budget, policy=policy, low=low):
+                    return policy.allocate(p, budget, min_rollouts=low,
                                            max_rollouts=MAX_ROLLOUTS)
             clock = time.perf_counter if name in MULTITHREADED else CLOCK
             start = clock()

@@ -39,16 +39,29 @@ def vc():
     return verl_cpu
 
 
-def _no_processes_left(timeout: float = 30.0) -> list:
-    """This process's children that are still alive after ``timeout`` seconds."""
+def _children() -> dict[int, float]:
+    """This process's live descendants, pid to creation time (a pid can be reused)."""
     import psutil
 
+    alive = {}
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.is_running() and child.status() != psutil.STATUS_ZOMBIE:
+                alive[child.pid] = child.create_time()
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def _no_processes_left(before: dict[int, float], timeout: float = 30.0) -> list[int]:
+    """The descendants started since ``before`` (those of the run: not, e.g., a kernel
+    compile an earlier test started in the background) still alive after ``timeout``
+    seconds."""
     deadline = time.monotonic() + timeout
     while True:
-        children = [c for c in psutil.Process().children(recursive=True) if c.is_running()
-                    and c.status() != psutil.STATUS_ZOMBIE]
-        if not children or time.monotonic() > deadline:
-            return children
+        left = [pid for pid, created in _children().items() if before.get(pid) != created]
+        if not left or time.monotonic() > deadline:
+            return left
         time.sleep(0.5)
 
 
@@ -57,12 +70,13 @@ def _train(vc, folder, extra=(), *, steps=2, mode="sync", record=None, **kwargs)
     import ray
 
     overrides = vc.cpu_overrides(folder, mode=mode, steps=steps) + list(extra)
+    before = _children()
     try:
         vc.run(overrides, record_dir=record, **kwargs)
     finally:
         assert not ray.is_initialized(), "the run left Ray running"
-        left = _no_processes_left()
-        assert not left, f"the run left processes behind: {[p.pid for p in left]}"
+        left = _no_processes_left(before)
+        assert not left, f"the run left processes behind: {left}"
 
 
 def _metrics(record) -> dict[int, dict]:
