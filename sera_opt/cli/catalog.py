@@ -22,6 +22,7 @@ BENCHMARK_DESCRIPTIONS: dict[str, str] = {
     "trl-coverage": "SERA inside TRL against stock GRPOTrainer at equal steps and CPU time",
     "device": "the checks that need a CUDA device, in one command",
     "replay": "a recorded run replayed under other allocation policies (also `sera-opt replay`)",
+    "verl": "a verl training step on CPU: generation, log-probs, update, sync, sera_opt's share",
 }
 BENCHMARKS: tuple[str, ...] = tuple(BENCHMARK_DESCRIPTIONS)
 
