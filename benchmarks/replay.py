@@ -362,6 +362,12 @@ def speed_row(steps: int, prompts: int, rollouts: int, arms: str, *, seed: int,
             again = read_record(path, progress=_progress(show_progress))
             row["read_s"] = time.perf_counter() - start
             row["read_cpu_s"] = time.process_time() - cpu
+            # Baseline: numpy's own parser on the same file (all three columns are
+            # integers here), which checks nothing and keeps no ids.
+            start = time.perf_counter()
+            np.loadtxt(path, delimiter=",", skiprows=1, dtype=np.int64)
+            row["loadtxt_s"] = time.perf_counter() - start
+            row["read_vs_loadtxt"] = row["read_s"] / row["loadtxt_s"]
         if again.num_rollouts != run.num_rollouts:
             raise SeraOptError("the CSV read back differs from the run written.")
     planners = build_planners(arms, settings)
@@ -369,6 +375,12 @@ def speed_row(steps: int, prompts: int, rollouts: int, arms: str, *, seed: int,
     result = replay(run, planners, settings, progress=_progress(show_progress))
     row["replay_s"] = result.wall_time_s
     row["replay_cpu_s"] = time.process_time() - cpu
+    # Baseline: the same replay with the uniform arm alone (its plan is a split of the
+    # budget), the floor of the replay's own bookkeeping and scoring per arm.
+    alone = replay(run, build_planners("uniform", settings), settings,
+                   progress=_progress(False))
+    row["uniform_alone_s"] = alone.wall_time_s
+    row["replay_vs_uniform_alone"] = row["replay_s"] / alone.wall_time_s
     row["mixed_prompts"] = {arm: float(np.mean(result.scores[arm]["mixed_prompts"]))
                             for arm in result.arms}
     return row
@@ -514,6 +526,10 @@ def main(argv=None) -> int:
     print(f"  replay {row['replay_s']:.1f} s wall ({row['replay_cpu_s']:.1f} s CPU); reading "
           f"the run from CSV ({row['csv_mib']:.0f} MiB) {row['read_s']:.1f} s wall "
           f"({row['read_cpu_s']:.1f} s CPU)")
+    print(f"  baselines in the same run: the replay is {row['replay_vs_uniform_alone']:.1f}x "
+          f"the uniform arm replayed alone ({row['uniform_alone_s']:.1f} s); the reading "
+          f"{row['read_vs_loadtxt']:.1f}x numpy.loadtxt of the same file "
+          f"({row['loadtxt_s']:.1f} s)")
     print(f"  machine: {_harness.machine_info().get('cpu_model', '?')}, "
           f"{_harness.machine_info()['cpu_count']} CPUs (wall time counts other work on "
           f"them; CPU time is this process's)")

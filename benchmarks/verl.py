@@ -13,10 +13,10 @@ For every step verl's own timers give the split: generation (``gen``), the old
 log-probabilities (``old_log_prob``), the actor update (``update_actor``), the weight
 sync to the rollout (``update_weights``), the advantage step (``adv``) and the whole
 step; sera_opt's share is the time of its own work inside the step (planning the
-counts, feeding the outcomes to the planner, the advantage estimator verl calls; for
-``grpo`` only verl's estimator) over the step. The first step carries one-off costs
-(the first weight sync, lazy imports), so the table reports the median over the steps
-after it; the JSON keeps every step. Each arm is one run: the numbers are a
+counts, feeding the outcomes to the planner, the advantage estimator verl calls) over
+the step; ``grpo`` runs none of it (0), and verl's own GRPO estimator is inside
+``adv``. The first step carries one-off costs (the first weight sync, lazy imports), so
+the table reports the median over the steps after it; the JSON keeps every step. Each arm is one run: the numbers are a
 single-machine profile, not a comparison with an interval.
 
     sera-opt bench verl [--quick] [--out DIR] [--steps 4] [--arms grpo,sera]

@@ -1301,7 +1301,8 @@ class _StepRecorder:
 
     Beside verl's metrics, each step's record holds the wall time of sera_opt's own
     work (:data:`SERA_TIMERS`), measured around the trainer's planning and observing
-    and the advantage estimator verl calls (for stock GRPO, verl's own estimator).
+    and an advantage estimator verl looks up in its registry at each call (``sera_maxrl``;
+    verl computes stock GRPO's advantages in its own branch, timed only by its ``adv``).
     """
 
     def __init__(self, folder: str):

@@ -25,12 +25,17 @@ def test_the_speed_row_reads_back_what_it_replays(tmp_path, capsys):
     row = bench.speed_row(3, 16, 4, "uniform,sera-fair:alpha=1", seed=0, show_progress=False)
     assert row["rollouts_total"] == 3 * 16 * 4
     assert row["replay_s"] > 0 and row["read_s"] > 0
+    # Both baselines are timed in the same run, and the ratios are theirs.
+    assert row["read_vs_loadtxt"] == row["read_s"] / row["loadtxt_s"]
+    assert row["replay_vs_uniform_alone"] == row["replay_s"] / row["uniform_alone_s"]
     assert set(row["mixed_prompts"]) == {"uniform", "sera-fair:alpha=1"}
     assert bench.main(["--steps", "2", "--arms", "uniform", "--out", str(tmp_path),
                        "--no-progress"]) == 0
     payload = json.loads((tmp_path / "replay_speed.json").read_text())
     assert payload["speed"]["steps"] == 2 and payload["speed"]["prompts"] == 256
-    assert "replay of 2 steps x 256 prompts x 16 rollouts" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "replay of 2 steps x 256 prompts x 16 rollouts" in out
+    assert "the uniform arm replayed alone" in out and "numpy.loadtxt" in out
 
 
 class _Tokenizer:
