@@ -320,6 +320,28 @@ def test_sera_sync_plans_heterogeneous_counts(sera_run):
     assert metrics[2]["sera/observed_rollouts"] == MEAN_COUNT * NUM_PROMPTS
 
 
+def test_two_fsdp_ranks_on_gloo_train_sera_sync(vc, setup, tmp_path):
+    """Two FSDP ranks (two Ray actors on one gloo group) through ``sera_sync``: the same
+    counts contract as one rank, with the batch split between the ranks. A run costs
+    about a minute more than one rank's on two cores (a second actor imports torch)."""
+    record = str(tmp_path / "record")
+    extra = ["algorithm.adv_estimator=sera_maxrl", "+algorithm.sera_maxrl.policy=sera"]
+    overrides = vc.cpu_overrides(_fresh(setup, tmp_path), ranks=2, mode="sera_sync") + extra
+    before = _children()
+    try:
+        vc.run(overrides, record_dir=record)
+    finally:
+        left = _no_processes_left(before)
+        assert not left, f"the run left processes behind: {left}"
+    metrics = _metrics(record)
+    assert sorted(metrics) == [1, 2]
+    counts = _counts(_batch(record, 2))
+    assert sum(counts) == MEAN_COUNT * NUM_PROMPTS and len(set(counts)) > 1, counts
+    for data in metrics.values():
+        assert data["timing_s/update_actor"] > 0
+        assert data["training/rollout_probs_diff_max"] < 1e-5, data
+
+
 def test_maxrl_advantages_in_the_trainer_batch_equal_sera_opt(sera_run):
     """The advantages verl's trainer holds are sera_opt.maxrl_advantages of the same batch."""
     import torch
