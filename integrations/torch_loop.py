@@ -394,6 +394,15 @@ def maxrl_loss(
     if mode not in LOSS_MODES:
         raise SeraOptError(f"unknown mode {mode!r}; use one of {LOSS_MODES}.")
     num_rows = per_row_logps.shape[0]
+    reward_rows = int(np.size(rewards)) if not isinstance(rewards, torch.Tensor) \
+        else int(rewards.numel())
+    index_rows = int(prompt_index.numel()) if isinstance(prompt_index, torch.Tensor) \
+        else int(np.size(prompt_index))
+    if reward_rows == index_rows != num_rows:
+        # The rewards and the prompt index agree: the log-probabilities are the odd ones out.
+        raise SeraOptError(
+            f"log_probs has {num_rows} rows but there are {reward_rows} rewards and prompt "
+            f"indices; pass one log-probability row per rollout, in the rewards' order.")
     reward_tensor = _rewards_tensor(rewards, num_rows, log_probs.device)
     index = torch.as_tensor(
         np.array(prompt_index) if not isinstance(prompt_index, torch.Tensor) else prompt_index

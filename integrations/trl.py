@@ -37,6 +37,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import numbers
 import os
 import warnings
 from collections import deque
@@ -226,7 +227,24 @@ def check_grpo_config(
             "make the weighted reward sum a 0/1 outcome (or pass success_threshold)."
         )
     loss_mode(args.loss_type)
-    rows_per_process = args.generation_batch_size // args.world_size
+    generations = args.num_generations
+    if isinstance(generations, bool) or not isinstance(generations, numbers.Integral) \
+            or generations < 1:
+        raise SeraOptError(
+            f"num_generations must be a positive whole number (the mean number of completions "
+            f"per prompt); got {generations!r}. Set GRPOConfig(num_generations=...), e.g. 8.")
+    world_size = args.world_size
+    if isinstance(world_size, bool) or not isinstance(world_size, numbers.Integral) \
+            or world_size < 1:
+        raise SeraOptError(
+            f"the GRPOConfig's world_size must be a positive whole number of processes; got "
+            f"{world_size!r}. Launch with accelerate or torchrun, or leave it to a single "
+            f"process.")
+    if args.generation_batch_size is None:
+        raise SeraOptError(
+            "the GRPOConfig has no generation_batch_size; build it with GRPOConfig(...) so that "
+            "trl derives it from per_device_train_batch_size and steps_per_generation.")
+    rows_per_process = args.generation_batch_size // world_size
     if rows_per_process % args.num_generations != 0:
         raise SeraOptError(
             f"each process holds {rows_per_process} rows of the generation batch "
@@ -382,8 +400,19 @@ class SeraGRPOTrainer(GRPOTrainer):
         check_grpo_config(
             args, rollout_func=kwargs.get("rollout_func"), estimator=estimator, stacklevel=3
         )
-        if isinstance(history_size, bool) or not isinstance(history_size, int) or history_size < 1:
+        if isinstance(history_size, bool) or not isinstance(history_size, numbers.Integral) \
+                or history_size < 1:
             raise SeraOptError(f"history_size must be a positive integer; got {history_size!r}.")
+        history_size = int(history_size)
+        if prompt_id_column is not None and not isinstance(prompt_id_column, str):
+            raise SeraOptError(
+                f"prompt_id_column must be the name of a dataset column (a str) or None (ids "
+                f"from the prompt's text); got {prompt_id_column!r}.")
+        if planner is not None and not isinstance(planner, sera_opt.RolloutPlanner):
+            raise SeraOptError(
+                f"planner must be a sera_opt.RolloutPlanner; got {type(planner).__name__} "
+                f"{planner!r}. Build one, e.g. planner=sera_opt.RolloutPlanner('sera-fair', "
+                f"alpha=1.0), so that the trainer can track each prompt's success rate.")
         self.sera_planner = (
             planner if planner is not None else default_planner(estimator, args.num_generations)
         )

@@ -426,6 +426,14 @@ class AllocationPolicy(ABC):
                         f"round (the static plan); pass rounds=R >= 2 (for example rounds=4), or "
                         f"drop {option}."
                     )
+        if named and rounds == 1:
+            # One round is the static plan: a first round or later budgets would do nothing.
+            for option, value in (("first_round", first_round), ("later_budgets", later_budgets)):
+                if value is not None:
+                    raise SeraOptError(
+                        f"{option} shapes rounds, but rounds=1 is the static plan in one round "
+                        f"and has none to shape; pass rounds=R >= 2, or drop {option}."
+                    )
         if rounds > 1 and self.round_mode is None:
             raise SeraOptError(
                 f"policy {self.name!r} does not run in rounds (its round_mode is None): declare "

@@ -45,6 +45,10 @@ def binary_rewards(rewards, n: int) -> np.ndarray:
         )
     if r.dtype != np.bool_ and not np.issubdtype(r.dtype, np.number):
         raise SeraOptError(f"rewards must be numbers 0/1 or booleans, got dtype {r.dtype}.")
+    if np.issubdtype(r.dtype, np.complexfloating):
+        raise SeraOptError(
+            f"rewards must be real 0/1 outcomes, got complex numbers (dtype {r.dtype}); take "
+            f"the outcome you mean (for example rewards.real) before recording them.")
     r = r.astype(np.float64)
     if not np.all((r == 0.0) | (r == 1.0)):
         bad = int(np.flatnonzero(~((r == 0.0) | (r == 1.0)))[0])

@@ -30,8 +30,8 @@ import numpy as np
 from ..exceptions import SeraOptError
 from ..problem import validate_count, validate_success_probs
 from ..separable.tiers import even_increments
-from .scales import RuleScale, rule_scale
 from .outcomes import binary_rewards, read_only, rollout_layout
+from .scales import RuleScale, rule_scale
 from .session import RoundResult
 
 __all__ = ["ReinforceAda", "ReinforceAdaSession", "reinforce_ada_scale", "EXITS"]
@@ -64,6 +64,12 @@ class ReinforceAda:
         self.per_round = validate_count(per_round, "per_round", minimum=1)
         self.max_rounds = validate_count(max_rounds, "max_rounds", minimum=1)
         self.keep = validate_count(keep, "keep", minimum=2)
+        if self.keep > self.per_round * self.max_rounds:
+            raise SeraOptError(
+                f"keep={self.keep} rollouts per prompt cannot be reached: a prompt draws at most "
+                f"per_round * max_rounds = {self.per_round} * {self.max_rounds} = "
+                f"{self.per_round * self.max_rounds}. Lower keep, or raise per_round or "
+                f"max_rounds.")
 
     def exited(self, successes, failures) -> np.ndarray:
         """Whether a prompt with these counts has stopped sampling."""
@@ -78,6 +84,11 @@ class ReinforceAda:
         the step. ``budget=None``: the rule's own budget; an int: at most that many."""
         if success_probs is not None:
             m = validate_success_probs(success_probs).shape[0]
+            if num_prompts is not None and validate_count(num_prompts, "num_prompts",
+                                                          minimum=1) != m:
+                raise SeraOptError(
+                    f"num_prompts={num_prompts} but success_probs holds {m} prompts; pass one "
+                    f"of them, or make them agree.")
         elif num_prompts is not None:
             m = validate_count(num_prompts, "num_prompts", minimum=1)
         else:

@@ -16,8 +16,11 @@ are tested against. The rules below are the ones docs/theory.md section 9 names.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
+
+import numpy as np
 
 from ..exceptions import SeraOptError
 from ..problem import validate_count, validate_offset
@@ -86,8 +89,10 @@ def rule_scale(p: float, rule: Rule, *, rounds: int, offset: int = 0,
     -------
     RuleScale
     """
-    if not (isinstance(p, (int, float)) and 0.0 <= float(p) <= 1.0):
-        raise SeraOptError(f"p must be a probability in [0, 1], got {p!r}.")
+    if isinstance(p, (bool, np.bool_)) or not isinstance(p, numbers.Real) \
+            or not 0.0 <= float(p) <= 1.0:
+        raise SeraOptError(f"p must be a probability in [0, 1] (a real number, not a bool), "
+                           f"got {p!r}.")
     p = float(p)
     rounds = validate_count(rounds, "rounds", minimum=1)
     offset = validate_offset(offset)

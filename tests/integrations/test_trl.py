@@ -705,6 +705,44 @@ def test_rejects_prompt_groups_split_across_processes(tmp_path):
             check_grpo_config(config)
 
 
+def test_a_config_without_generations_or_processes_is_a_clear_error(tmp_path):
+    config = _config(tmp_path)
+    for value in (0, None, -2, 2.5):
+        with mock.patch.object(config, "num_generations", value):
+            with pytest.raises(SeraOptError, match="num_generations must be a positive whole"):
+                check_grpo_config(config)
+    with mock.patch.object(
+        GRPOConfig, "world_size", new_callable=mock.PropertyMock, return_value=0
+    ):
+        with pytest.raises(SeraOptError, match="world_size must be a positive whole number"):
+            check_grpo_config(config)
+
+
+def test_a_planner_that_is_not_a_planner_is_refused_at_construction(tmp_path, tokenizer, prompts):
+    """Not at the first step, as an AttributeError: a name or a policy instead of a planner."""
+    for planner in ("sera", sera_opt.get_policy("sera", offset=1, min_rollouts=2)):
+        with pytest.raises(SeraOptError, match="planner must be a sera_opt.RolloutPlanner"):
+            SeraGRPOTrainer(model=build_tiny_model(tokenizer), reward_funcs=copy_digit_reward,
+                            args=_config(tmp_path), train_dataset=_dataset(prompts),
+                            processing_class=tokenizer, planner=planner)
+
+
+def test_trainer_options_of_the_wrong_kind_are_refused_and_numpy_integers_taken(
+        tmp_path, tokenizer, prompts, monkeypatch):
+    def build(**options):
+        return SeraGRPOTrainer(model=build_tiny_model(tokenizer), reward_funcs=copy_digit_reward,
+                               args=_config(tmp_path), train_dataset=_dataset(prompts),
+                               processing_class=tokenizer, **options)
+
+    with pytest.raises(SeraOptError, match="prompt_id_column must be the name of a dataset"):
+        build(prompt_id_column=5)
+    for bad in (0, True, 2.0):
+        with pytest.raises(SeraOptError, match="history_size must be a positive integer"):
+            build(history_size=bad)
+    trainer = build(history_size=np.int64(8))
+    assert trainer.sera_history.maxlen == 8
+
+
 def test_rejects_other_trl_releases_unless_allowed(tmp_path, monkeypatch):
     monkeypatch.delenv("SERA_OPT_ALLOW_UNTESTED_VERSIONS", raising=False)
     with mock.patch("trl.__version__", "1.17.0"):
