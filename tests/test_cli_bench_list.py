@@ -1,7 +1,6 @@
 """`sera-opt bench --help` lists every benchmark with its one-line description, and the
 documentation lists the same set: the lists between ``<!-- benchmarks: begin -->`` and
-``<!-- benchmarks: end -->`` in docs/api.md and docs/cli.md (and README.md once it has
-them) are compared with the parser's choices, names and descriptions."""
+``<!-- benchmarks: end -->`` in README.md, docs/api.md and docs/cli.md are compared with the parser's choices, names and descriptions."""
 
 from __future__ import annotations
 
@@ -61,7 +60,4 @@ def test_the_docs_list_the_parsers_benchmarks(page):
 
 
 def test_the_readme_lists_the_parsers_benchmarks():
-    readme = REPO / "README.md"
-    if "<!-- benchmarks: begin -->" not in readme.read_text(encoding="utf-8"):
-        pytest.skip("README.md has no marked list of the benchmarks yet")
-    assert documented(readme) == BENCHMARK_DESCRIPTIONS
+    assert documented(REPO / "README.md") == BENCHMARK_DESCRIPTIONS

@@ -85,3 +85,17 @@ def test_the_first_counts_in_the_readme_are_the_solvers():
     counts = sera_opt.allocate(np.array([0.9, 0.5, 0.05]), 24, max_rollouts=16).counts.tolist()
     assert counts == \
         [2, 6, 16]
+
+
+def test_the_first_screen_answers_a_newcomers_questions():
+    """What it is, whether to use it (the default and the evidence), how to get it (clone,
+    then the two commands) and a runnable example, in README's first 60 lines."""
+    import sera_opt
+
+    lines = README.read_text().splitlines()
+    first = "\n".join(lines[:60])
+    assert "git clone" in first, "README must say to clone before installing"
+    assert "RolloutPlanner()" in first and sera_opt.planner.DEFAULT_POLICY == "uniform"
+    assert "same number of rollouts" in first, "the default must be stated on the first screen"
+    assert "## Quick start" in first and "sera-opt demo" in first and "python -m pytest" in first
+    assert not re.search(r"\b[0-9a-f]{7,40}\b", README.read_text()), "no commit hash in README"

@@ -1,4 +1,5 @@
-"""README.md's trainer loop ("## With a trainer") runs as written on a toy task.
+"""README.md's trainer loop ("## With a trainer") and docs/api.md's loop in rounds run as
+written on a toy task.
 
 The block is taken from the README itself, so it cannot drift. The toy task: prompts with
 fixed success probabilities, a "model" of one logit per prompt, token log-probabilities that
@@ -69,8 +70,18 @@ class _Batch:
         return len(self.prompt_ids)
 
 
+class _Model:
+    """The toy task's one logit per prompt, as the parameters the README's optimizer takes."""
+
+    def __init__(self, task: ToyTask):
+        self._task = task
+
+    def parameters(self):
+        return [self._task.logits]
+
+
 def run(code: str, task: ToyTask) -> dict:
-    namespace = {"loader": task.loader(), "sample": task.sample}
+    namespace = {"loader": task.loader(), "sample": task.sample, "model": _Model(task)}
     exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 (the README is ours)
     return namespace
 
@@ -92,6 +103,8 @@ def test_the_readme_loop_pairs_the_planner_with_the_estimator():
     advantages, loss = namespace["advantages"], namespace["loss"]
     assert torch.isfinite(advantages).all() and torch.isfinite(loss)
     assert task.logits.grad is not None and torch.isfinite(task.logits.grad).all()
+    # The optimizer stepped: the logits moved from their start at 0.
+    assert "optimizer.step()" in code and bool((task.logits.detach() != 0).any())
     assert planner.tracker.step == len(task.batches)
     successes, failures = planner.tracker.evidence(task.ids[task.batches[0]])
     assert (successes + failures).min() >= 2  # every rollout of the first batch was observed
@@ -105,10 +118,15 @@ def test_the_estimator_refuses_the_planner_defaults_of_the_other_estimator():
         run(trainer_loop().replace(PLANNER_LINE, wrong), ToyTask())
 
 
+API = README.parent / "docs" / "api.md"
+
+
 def rounds_loop() -> str:
-    section = README.read_text().split("## In rounds within a step", 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
-    assert len(blocks) == 1, "the rounds section should hold one python block"
+    """The loop in rounds of docs/api.md's "Rounds within a step" (README links to it)."""
+    section = API.read_text().split("## Rounds within a step", 1)[1].split("\n## ", 1)[0]
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", section, flags=re.S)
+              if "start_rounds" in b]
+    assert len(blocks) == 1, "the rounds section should hold one loop in rounds"
     return blocks[0]
 
 
