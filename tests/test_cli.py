@@ -639,27 +639,36 @@ def test_traceback_flag_shows_the_traceback(monkeypatch):
 
 
 def test_missing_module_and_interrupt(capsys, monkeypatch, tmp_path):
-    def missing(name):
+    def missing(group, name):
         raise ModuleNotFoundError("No module named 'sklearn'", name="sklearn")
 
-    monkeypatch.setattr("sera_opt.cli.commands.import_module", missing)
+    monkeypatch.setattr("sera_opt.cli.commands.load_entry", missing)
     code, _, err = run(["bench", "alignment"], capsys)
     assert_one_line_error(code, err, "No module named 'sklearn'", "pip install", status=1)
 
-    def broken(name):
+    def broken(group, name):
         raise ImportError("cannot import name 'x' from 'sera_opt.solvers'", name="sera_opt.solvers")
 
-    monkeypatch.setattr("sera_opt.cli.commands.import_module", broken)
+    monkeypatch.setattr("sera_opt.cli.commands.load_entry", broken)
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     code, _, err = run(["bench", "alignment"], capsys)  # a bug, not a missing install
     assert_one_line_error(code, err, "unexpected error: ImportError", "bug", status=1)
 
-    def interrupted(name):
+    def interrupted(group, name):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("sera_opt.cli.commands.import_module", interrupted)
+    monkeypatch.setattr("sera_opt.cli.commands.load_entry", interrupted)
     code, _, err = run(["demo"], capsys)
     assert_one_line_error(code, err, "interrupted", status=130)
+
+
+def test_a_benchmark_without_its_entry_point_says_how_to_get_it(capsys, monkeypatch):
+    import importlib.metadata
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda **selection: ())
+    code, _, err = run(["bench", "solvers", "--quick"], capsys)
+    assert_one_line_error(code, err, "no 'sera_opt.benchmarks' entry point named 'solvers'",
+                          "pip install -e .", status=2)
 
 
 # ----------------------------------------------------------------------------- the real command

@@ -175,7 +175,7 @@ class _Benchmark:
 @pytest.fixture
 def fake_benchmark(monkeypatch):
     fake = _Benchmark()
-    monkeypatch.setattr("sera_opt.cli.commands.import_module", lambda name: fake)
+    monkeypatch.setattr("sera_opt.cli.commands.load_entry", lambda group, name: fake.main)
     return fake
 
 

@@ -4,7 +4,9 @@ and no modules import each other in a circle.
 The layers are the list in docs/architecture.md (section "Layers"), read from there
 so that the page and the check cannot drift apart. Every import statement counts,
 including those inside functions; ``from package import name`` counts as an import
-of the submodule ``package.name`` when that is a module.
+of the submodule ``package.name`` when that is a module; and so does a call of
+``import_module`` (``importlib.import_module``) or ``__import__`` whose module name is a
+string in the source (for an f-string, its leading constant part up to the last dot).
 """
 
 from __future__ import annotations
@@ -69,6 +71,9 @@ def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
                 origin = node.module or ""
             targets = [f"{origin}.{alias.name}" if f"{origin}.{alias.name}" in modules else origin
                        for alias in node.names]
+        elif isinstance(node, ast.Call) and _is_import_call(node):
+            targets = [_called_module(node.args[0], here)] if node.args else []
+            targets = [t for t in targets if t]
         else:
             continue
         for target in targets:
@@ -79,6 +84,30 @@ def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
                 if target != name:
                     found.add(target)
     return found
+
+
+def _is_import_call(node: ast.Call) -> bool:
+    """``import_module(...)``, ``importlib.import_module(...)`` or ``__import__(...)``."""
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    return name in ("import_module", "__import__", "_import_module")
+
+
+def _called_module(arg: ast.expr, here: list[str]) -> str | None:
+    """The module an import call names in its source: a string, or an f-string's leading
+    constant part cut at its last dot (``f"sera_opt.benchmarks.{name}"`` names
+    ``sera_opt.benchmarks``); a relative name (``".estimator"``) is taken from ``here``."""
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        text = arg.value
+    elif isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant):
+        text = str(arg.values[0].value).rsplit(".", 1)[0]
+    else:
+        return None
+    if text.startswith("."):
+        dots = len(text) - len(text.lstrip("."))
+        base = here[:len(here) - (dots - 1)]
+        text = ".".join(base + ([text[dots:]] if text[dots:] else []))
+    return text
 
 
 def covers(member: str, module: str) -> bool:
@@ -209,3 +238,38 @@ def test_the_check_resolves_relative_imports_in_packages(tmp_path):
     assert edges["sera_opt.pkg"] == {"sera_opt.pkg.a"}
     assert edges["sera_opt.pkg.a"] == {"sera_opt.base", "sera_opt.pkg.b"}
     assert edges["sera_opt.pkg.b"] == {"sera_opt.base"}
+
+
+def test_the_check_sees_an_import_by_name(tmp_path):
+    """``import_module`` and ``__import__`` with the module named in the source are imports."""
+    (tmp_path / "__init__.py").write_text("")
+    (tmp_path / "low.py").write_text(
+        "from importlib import import_module\n\n"
+        "def run(name):\n"
+        "    return import_module(f'sera_opt.benchmarks.{name}')\n\n"
+        "def other():\n"
+        "    return __import__('sera_opt.high')\n")
+    (tmp_path / "high.py").write_text("x = 1\n")
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "__init__.py").write_text("")
+    modules = module_files(tmp_path)
+    edges = {name: imports_of(name, path, modules) for name, path in modules.items()}
+    assert edges["sera_opt.low"] == {"sera_opt.benchmarks", "sera_opt.high"}
+    toy = [("bottom", ["sera_opt.low"]), ("top", ["sera_opt.high", "sera_opt.benchmarks",
+                                                  "sera_opt"])]
+    assert upward_imports(edges, toy) == [
+        "sera_opt.low (bottom) imports sera_opt.benchmarks (top)",
+        "sera_opt.low (bottom) imports sera_opt.high (top)"]
+
+
+def test_the_command_line_reaches_every_benchmark_through_its_entry_points():
+    """The seam the layers leave the CLI: one entry point per benchmark, and the commands."""
+    from importlib.metadata import entry_points
+
+    from sera_opt.cli.catalog import BENCHMARK_GROUP, BENCHMARKS, COMMAND_GROUP
+
+    benchmarks = {entry.name: entry.value for entry in entry_points(group=BENCHMARK_GROUP)}
+    assert set(benchmarks) == set(BENCHMARKS), "pyproject.toml's entry points and the catalog differ"
+    assert all(value.startswith("sera_opt.benchmarks.") for value in benchmarks.values())
+    commands = {entry.name for entry in entry_points(group=COMMAND_GROUP)}
+    assert commands == {"demo", "replay"}

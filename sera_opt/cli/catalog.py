@@ -1,11 +1,25 @@
 """The benchmarks ``sera-opt bench`` runs, each with its one-line description: the one place
 that names them. ``sera-opt bench --help`` prints this list; docs/api.md and docs/cli.md
 show the same set between ``<!-- benchmarks: begin -->`` and ``<!-- benchmarks: end -->``
-(tests/test_cli_bench_list.py compares them). Nothing here imports a benchmark."""
+(tests/test_cli_bench_list.py compares them).
+
+The command line reaches the benchmarks through two entry-point groups the package declares
+in pyproject.toml, :data:`BENCHMARK_GROUP` (``sera-opt bench NAME``) and :data:`COMMAND_GROUP`
+(``sera-opt demo`` and ``sera-opt replay``): :func:`load_entry` loads one when it runs, so
+that nothing in ``sera_opt`` imports ``sera_opt.benchmarks`` (the layers of
+docs/architecture.md)."""
 
 from __future__ import annotations
 
-__all__ = ["BENCHMARKS", "BENCHMARK_DESCRIPTIONS", "benchmark_list"]
+from ..exceptions import SeraOptError
+
+__all__ = ["BENCHMARKS", "BENCHMARK_DESCRIPTIONS", "BENCHMARK_GROUP", "COMMAND_GROUP",
+           "benchmark_list", "load_entry"]
+
+#: Entry-point group of the benchmarks, one entry per name of :data:`BENCHMARKS` (its ``main``).
+BENCHMARK_GROUP = "sera_opt.benchmarks"
+#: Entry-point group of the other commands the benchmarks package provides (``demo``, ``replay``).
+COMMAND_GROUP = "sera_opt.commands"
 
 #: Name -> what the benchmark measures, in the order ``sera-opt bench --help`` lists them.
 BENCHMARK_DESCRIPTIONS: dict[str, str] = {
@@ -32,3 +46,18 @@ def benchmark_list(indent: str = "  ") -> str:
     width = max(map(len, BENCHMARKS))
     return "\n".join(f"{indent}{name:<{width}}  {text}"
                      for name, text in BENCHMARK_DESCRIPTIONS.items())
+
+
+def load_entry(group: str, name: str):
+    """The callable that entry point ``name`` of ``group`` names, loaded (importing its
+    module), or a :class:`SeraOptError` saying how to get it."""
+    from importlib.metadata import entry_points
+
+    found = sorted(entry_points(group=group, name=name), key=lambda entry: entry.value)
+    if not found:
+        raise SeraOptError(
+            f"the installed sera_opt declares no {group!r} entry point named {name!r}, so "
+            f"'{name}' cannot be run: the benchmarks are found through the package's metadata. "
+            f"Reinstall it from the checkout (pip install -e . or pip install .)."
+        )
+    return found[0].load()

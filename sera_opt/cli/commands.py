@@ -10,11 +10,11 @@ import shlex
 import sys
 import tempfile
 import warnings
-from importlib import import_module
 from pathlib import Path
 
 from ..exceptions import SeraOptError, SeraOptWarning
 from ..policies import UniformPolicy
+from .catalog import BENCHMARK_GROUP, COMMAND_GROUP, load_entry
 from .catalog import BENCHMARKS as BENCHMARKS  # names and descriptions: one place
 from .errors import Parser, stderr
 from .options import build_policy
@@ -201,9 +201,9 @@ def cmd_bench(args, rest) -> int:
     # on first use, never served meanwhile by a smaller one (first-use benchmarks set the
     # default again for the fresh processes they measure).
     os.environ[ENV_VAR] = "0"
-    module = import_module(f"sera_opt.benchmarks.{args.name.replace('-', '_')}")
+    run = load_entry(BENCHMARK_GROUP, args.name)
     with _OneLineErrors():
-        return int(module.main(rest) or 0)
+        return int(run(rest) or 0)
 
 
 def cmd_replay(args, rest) -> int:
@@ -211,18 +211,18 @@ def cmd_replay(args, rest) -> int:
     if not _wants_help(rest):
         out = _out_option(rest)
         _check_results_folder(BENCH_DEFAULT_OUT if out is None else out, "sera-opt replay")
-    module = import_module("sera_opt.benchmarks.replay")
+    run = load_entry(COMMAND_GROUP, "replay")
     with _OneLineErrors():
-        return int(module.replay_main(rest) or 0)
+        return int(run(rest) or 0)
 
 
 def cmd_demo(args, rest) -> int:
     out = _out_option(rest)
     if out is not None and not _wants_help(rest):
         _check_results_folder(out, "sera-opt demo")
-    module = import_module("sera_opt.benchmarks.alignment")
+    run = load_entry(COMMAND_GROUP, "demo")
     with _OneLineErrors():
-        return int(module.demo(rest) or 0)
+        return int(run(rest) or 0)
 
 
 def version_text() -> str:
