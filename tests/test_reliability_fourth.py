@@ -61,6 +61,14 @@ def test_a_round_refuses_complex_rewards(rewards):
         session.record(rewards)
 
 
+@pytest.mark.parametrize("reward", [1 + 5j, np.complex64(1), torch.tensor([1 + 0j])])
+def test_one_complex_reward_is_named_as_complex_not_as_a_shape(reward):
+    session = sera_opt.get_policy("uniform").start_rounds([0.5], 1)
+    session.next_round()
+    with pytest.raises(SeraOptError, match="got complex numbers"):
+        session.record(reward)
+
+
 # ------------------------------------------------------------ tracebacks and unclear errors
 
 
@@ -71,6 +79,25 @@ def test_an_unsigned_round_index_is_read_as_the_rounds_it_holds(dtype):
     got = sera_opt.maxrl_advantages(
         rewards, index, round_index=torch.tensor([0, 1, 1, 0], dtype=getattr(torch, dtype)))
     torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", ["uint16", "uint32", "uint64"])
+@pytest.mark.parametrize("estimator", ["maxrl", "grpo"])
+def test_an_unsigned_prompt_index_groups_as_its_ids(dtype, estimator):
+    advantages = getattr(sera_opt, f"{estimator}_advantages")
+    rewards, index = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0]), torch.tensor([3, 3, 7, 7, 7])
+    want = advantages(rewards, index)
+    got = advantages(rewards, index.to(getattr(torch, dtype)))
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    # With num_prompts the ids are checked against it as for any integer dtype.
+    with pytest.raises(SeraOptError, match=r"\[0, num_prompts\) = \[0, 4\)"):
+        advantages(rewards, index.to(getattr(torch, dtype)), num_prompts=4)
+
+
+def test_a_uint64_prompt_id_beyond_int64_is_refused_not_wrapped():
+    index = torch.tensor([2**63 + 5, 2**63 + 5, 3], dtype=torch.uint64)
+    with pytest.raises(SeraOptError, match=r"uint64 ids of 2\*\*63 or more"):
+        sera_opt.group_statistics(torch.tensor([1.0, 0.0, 1.0]), index)
 
 
 def test_meta_tensors_are_refused_in_the_librarys_words():

@@ -26,7 +26,7 @@ import torch
 
 from ..exceptions import SeraOptError
 from . import losses as _losses
-from .groups import as_tensor, check_flag, distributed_world, group
+from .groups import as_tensor, check_flag, computable_integers, distributed_world, group
 from .losses import LOSS_MODES as _LOSS_MODES
 
 __all__ = [
@@ -340,11 +340,6 @@ def _mean_count(mean_count, allocation) -> float | None:
     return None
 
 
-#: Unsigned integer dtypes torch stores but barely computes with (uint8 is complete).
-_WIDE_UNSIGNED = tuple(getattr(torch, name) for name in ("uint16", "uint32", "uint64")
-                       if hasattr(torch, name))
-
-
 def _first_round_mask(round_index, groups, validate: bool) -> torch.Tensor:
     """``round_index == 0``, after checking its shape, dtype and (with ``validate``) sign."""
     rounds = as_tensor(round_index, "round_index", device=groups.device)
@@ -364,10 +359,8 @@ def _first_round_mask(round_index, groups, validate: bool) -> torch.Tensor:
             f"round_index must be on the device of rewards ({groups.device}), got "
             f"{rounds.device}."
         )
-    if rounds.dtype in _WIDE_UNSIGNED:
-        # torch has almost no kernels for these (not even a comparison): read them as
-        # int64, where an index beyond its range turns negative and is refused below.
-        rounds = rounds.to(torch.int64)
+    # A uint64 index beyond int64's range turns negative and is refused below.
+    rounds = computable_integers(rounds)
     if validate and n and bool((rounds < 0).any()):
         raise SeraOptError(
             "round_index must be >= 0 (0 is the first round): pass RoundResult.round_index as "

@@ -118,6 +118,21 @@ def as_tensor(value, name: str, device=None) -> torch.Tensor:
         ) from exc
 
 
+#: Unsigned integer dtypes torch stores but barely computes with (uint8 is complete).
+WIDE_UNSIGNED = tuple(getattr(torch, name) for name in ("uint16", "uint32", "uint64")
+                      if hasattr(torch, name))
+
+
+def computable_integers(values: torch.Tensor) -> torch.Tensor:
+    """``values`` as int64 if its dtype is one of :data:`WIDE_UNSIGNED`, else as it is.
+
+    torch has almost no kernels for those dtypes (not even a comparison or a minimum).
+    Every uint16 and uint32 value fits int64; a uint64 value of 2**63 or more turns
+    negative, which the callers refuse where a negative value is not allowed.
+    """
+    return values.to(torch.int64) if values.dtype in WIDE_UNSIGNED else values
+
+
 def check_flag(value, name: str) -> bool:
     """``value`` if it is a bool, else the library's error naming ``name``."""
     if not isinstance(value, bool):
@@ -372,6 +387,8 @@ def group(rewards, prompt_index, *, success_threshold=None, num_prompts=None,
             f"rewards and prompt_index must be on the same device, got {rewards.device} and "
             f"{prompt_index.device}."
         )
+    unsigned_64 = prompt_index.dtype == getattr(torch, "uint64", None)
+    prompt_index = computable_integers(prompt_index)
     out_dtype = result_dtype(rewards, dtype)
     success_threshold = _check_threshold(success_threshold)
     num_prompts = _check_num_prompts(num_prompts)
@@ -413,6 +430,11 @@ def group(rewards, prompt_index, *, success_threshold=None, num_prompts=None,
             num_slots, offset, slot_ids = 0, 0, None
         else:
             low = ~not_low
+            if unsigned_64 and low < 0:
+                raise SeraOptError(
+                    "prompt_index holds uint64 ids of 2**63 or more, which torch cannot compute "
+                    "with; number the distinct ids first (np.unique(ids, return_inverse=True)[1])."
+                )
             span = high - low + 1
             if span <= _DENSE_RANGE_FACTOR * n_max * world + _DENSE_RANGE_SLACK:
                 num_slots, offset, slot_ids = span, low, None

@@ -38,6 +38,11 @@ def binary_rewards(rewards, n: int) -> np.ndarray:
         raise SeraOptError(
             "rewards must be a flat sequence of 0/1 outcomes, one per rollout of this round."
         ) from None
+    # Named before the shape: a complex scalar is a wrong kind of reward, not a wrong count.
+    if np.issubdtype(r.dtype, np.complexfloating):
+        raise SeraOptError(
+            f"rewards must be real 0/1 outcomes, got complex numbers (dtype {r.dtype}); take "
+            f"the outcome you mean (for example rewards.real) before recording them.")
     if r.ndim != 1 or r.shape[0] != n:
         raise SeraOptError(
             f"record() takes this round's rewards, one per rollout grouped by prompt in "
@@ -45,10 +50,6 @@ def binary_rewards(rewards, n: int) -> np.ndarray:
         )
     if r.dtype != np.bool_ and not np.issubdtype(r.dtype, np.number):
         raise SeraOptError(f"rewards must be numbers 0/1 or booleans, got dtype {r.dtype}.")
-    if np.issubdtype(r.dtype, np.complexfloating):
-        raise SeraOptError(
-            f"rewards must be real 0/1 outcomes, got complex numbers (dtype {r.dtype}); take "
-            f"the outcome you mean (for example rewards.real) before recording them.")
     r = r.astype(np.float64)
     if not np.all((r == 0.0) | (r == 1.0)):
         bad = int(np.flatnonzero(~((r == 0.0) | (r == 1.0)))[0])
