@@ -151,6 +151,30 @@ def loss_mode(table: Mapping[str, str], name: Any, *, option: str) -> str:
 # --------------------------------------------------------------------------- outcomes
 
 
+def check_planner(planner: Any, *methods: str) -> Any:
+    """``planner`` if it is a :class:`sera_opt.RolloutPlanner` (or, where ``methods`` are
+    named, has them all), else the library's error naming the fix.
+
+    A policy name or a policy instance in place of a planner would otherwise fail at
+    the first step, after the model has generated, with an ``AttributeError``.
+    """
+    if isinstance(planner, sera_opt.RolloutPlanner) or (
+        methods and all(callable(getattr(planner, name, None)) for name in methods)
+    ):
+        return planner
+    name = planner if isinstance(planner, str) else getattr(planner, "name", None)
+    example = name if isinstance(name, str) else "sera-fair"
+    duck = (f" (or an object with {' and '.join(f'{m}()' for m in methods)})" if methods
+            else "")
+    as_policy = (" (RolloutPlanner(policy) takes a policy instance too)"
+                 if isinstance(planner, sera_opt.AllocationPolicy) else "")
+    raise SeraOptError(
+        f"planner must be a sera_opt.RolloutPlanner{duck}; got {type(planner).__name__} "
+        f"{planner!r}. Build one, e.g. planner=sera_opt.RolloutPlanner({example!r}, ...){as_policy}, "
+        f"which tracks each prompt's success rate and plans with that policy."
+    )
+
+
 def check_success_threshold(value: Any, *, option: str = "success_threshold") -> float | None:
     """None, or a finite real number (not a bool), as a float."""
     if value is None:

@@ -275,6 +275,7 @@ def plan_rollouts(planner: Any, prompt_ids: Sequence[Any], budget: int) -> Rollo
         If the ids repeat, the budget is not a positive integer, or the planner
         returns counts that do not sum to the budget.
     """
+    _common.check_planner(planner, "plan")
     ids = _as_prompt_id_array(prompt_ids)
     if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or budget < 1:
         raise SeraOptError(f"budget must be a positive integer number of rollouts; got {budget!r}.")
@@ -461,6 +462,11 @@ def observe(
         A reward count other than ``plan.budget``, NaN rewards, or non-binary
         rewards without a threshold.
     """
+    _common.check_planner(planner, "observe")
+    if not isinstance(plan, RolloutPlan):
+        raise SeraOptError(
+            f"plan must be the RolloutPlan the rewards were sampled from (what plan_rollouts "
+            f"returns); got {type(plan).__name__}.")
     values = _common.binary_outcomes(_rewards_tensor(rewards, plan.budget, None), success_threshold)
     planner.observe(plan.row_prompt_ids.tolist(), values)
 
@@ -522,6 +528,7 @@ def maxrl_step(
     StepOutput
         Call ``out.loss.backward()`` and step the optimizer.
     """
+    _common.check_planner(planner, "plan", "observe")
     check_planner_offset(planner, estimator, stacklevel=3)
     plan = plan_rollouts(planner, prompt_ids, budget)
     log_probs, rewards, mask = _unpack_rollouts(rollout_fn(plan))
@@ -700,6 +707,8 @@ def maxrl_round_step(
     -------
     RoundStepOutput
     """
+    # observe() too: a policy has start_rounds(), but takes success probabilities, not ids.
+    _common.check_planner(planner, "start_rounds", "observe")
     check_planner_offset(planner, estimator, stacklevel=3)
     ids = _as_prompt_id_array(prompt_ids)
     session = planner.start_rounds(ids, budget, rounds=rounds, first_round=first_round,
@@ -740,6 +749,12 @@ def reinforce_ada_step(
         ``advantages`` is 0 on the rows not kept; ``kept`` marks the kept rows;
         ``result.factors`` is NaN (the rule has no MaxRL scale).
     """
+    if not isinstance(rule, sera_opt.rounds.ReinforceAda):
+        raise SeraOptError(
+            f"rule must be a sera_opt.rounds.ReinforceAda (its options: exit, per_round, "
+            f"max_rounds, keep); got {type(rule).__name__} {rule!r}. Pass ReinforceAda().")
+    if planner is not None:
+        _common.check_planner(planner, "observe")
     ids = _as_prompt_id_array(prompt_ids)
     session = rule.start_rounds(budget=budget, num_prompts=ids.shape[0])
     log_probs, mask, rewards, result = _draw_rounds(session, ids, rollout_fn, success_threshold)

@@ -408,11 +408,8 @@ class SeraGRPOTrainer(GRPOTrainer):
             raise SeraOptError(
                 f"prompt_id_column must be the name of a dataset column (a str) or None (ids "
                 f"from the prompt's text); got {prompt_id_column!r}.")
-        if planner is not None and not isinstance(planner, sera_opt.RolloutPlanner):
-            raise SeraOptError(
-                f"planner must be a sera_opt.RolloutPlanner; got {type(planner).__name__} "
-                f"{planner!r}. Build one, e.g. planner=sera_opt.RolloutPlanner('sera-fair', "
-                f"alpha=1.0), so that the trainer can track each prompt's success rate.")
+        if planner is not None:
+            _common.check_planner(planner)
         self.sera_planner = (
             planner if planner is not None else default_planner(estimator, args.num_generations)
         )

@@ -69,6 +69,44 @@ def test_one_complex_reward_is_named_as_complex_not_as_a_shape(reward):
         session.record(reward)
 
 
+@pytest.mark.parametrize("planner", ["sera", sera_opt.get_policy("sera", offset=1, min_rollouts=2)])
+def test_the_plain_loop_refuses_a_planner_that_is_not_one(planner):
+    """A name or a policy in place of a planner: the library's error naming the fix, before
+    any rollout is drawn, instead of an AttributeError."""
+    from sera_opt.integrations import torch_loop
+
+    drawn = []
+
+    def rollout_fn(plan):
+        drawn.append(plan)
+        return torch.zeros(plan.budget), torch.zeros(plan.budget)
+
+    fix = r"planner must be a sera_opt.RolloutPlanner.*RolloutPlanner\('sera'"
+    with pytest.raises(SeraOptError, match=fix):
+        torch_loop.plan_rollouts(planner, [0, 1], 8)
+    with pytest.raises(SeraOptError, match=fix):
+        torch_loop.maxrl_step(planner, [0, 1], 8, rollout_fn)
+    with pytest.raises(SeraOptError, match=fix):
+        torch_loop.maxrl_round_step(planner, [0, 1], 8, rollout_fn, rounds=2)
+    with pytest.raises(SeraOptError, match=fix):
+        torch_loop.reinforce_ada_step(ReinforceAda(), [0, 1], rollout_fn, planner=planner)
+    plan = torch_loop.plan_rollouts(sera_opt.RolloutPlanner("uniform"), [0, 1], 8)
+    with pytest.raises(SeraOptError, match=fix):
+        torch_loop.observe(planner, plan, torch.zeros(8))
+    assert drawn == []
+
+
+def test_the_plain_loop_refuses_a_rule_or_plan_of_the_wrong_kind():
+    from sera_opt.integrations import torch_loop
+
+    with pytest.raises(SeraOptError, match=r"rule must be a sera_opt.rounds.ReinforceAda"):
+        torch_loop.reinforce_ada_step("reinforce-ada", [0, 1], lambda plan: None)
+    with pytest.raises(SeraOptError, match=r"plan must be the RolloutPlan"):
+        torch_loop.observe(sera_opt.RolloutPlanner("uniform"), [0, 1], torch.zeros(2))
+    with pytest.raises(SeraOptError, match=r"rule must be a sera_opt.rounds.ReinforceAda"):
+        sera_opt.rounds.reinforce_ada_scale(0.5, rule="reinforce-ada")
+
+
 # ------------------------------------------------------------ tracebacks and unclear errors
 
 

@@ -228,6 +228,10 @@ def reinforce_ada_scale(p: float, rule: ReinforceAda | None = None) -> RuleScale
     p`` with ``g = sum_kept (r_j - rbar) S_j`` (rbar the pool's rate), by enumeration of
     its rounds (docs/theory.md section 9). ``kappa / p`` is its weight on ``grad p``."""
     rule = ReinforceAda() if rule is None else rule
+    if not isinstance(rule, ReinforceAda):
+        raise SeraOptError(
+            f"rule must be a sera_opt.rounds.ReinforceAda or None (its defaults); got "
+            f"{type(rule).__name__} {rule!r}.")
     half = rule.keep // 2
 
     def per_prompt(r, total, successes, first):
