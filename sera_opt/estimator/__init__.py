@@ -3,8 +3,9 @@
 :mod:`.advantages` holds the estimator (:func:`maxrl_advantages`, the per-prompt
 statistics and diagnostics); :mod:`.groups` turns prompt ids into groups (dense,
 hashed, across ranks) and checks the inputs; :mod:`.hashing` and
-:mod:`.hashing_kernels` give sparse ids compact slots; :mod:`.losses` aggregates
-per-token losses (:func:`aggregate_loss`, :func:`policy_gradient_loss`). The
+:mod:`.hashing_kernels` give sparse ids compact slots; :mod:`.policy_loss` aggregates
+per-token losses (:func:`aggregate_loss`, :func:`policy_gradient_loss`), with the checks
+and the reduction of :mod:`.losses`. The
 mathematics is in docs/theory.md sections 2 and 4 and in docs/estimator.md.
 """
 

@@ -31,8 +31,8 @@ from ..exceptions import SeraOptError
 from ..problem import validate_count, validate_success_probs
 from ..separable.tiers import even_increments
 from .outcomes import binary_rewards, read_only, rollout_layout
+from .result import RoundResult
 from .scales import RuleScale, rule_scale
-from .session import RoundResult
 
 __all__ = ["ReinforceAda", "ReinforceAdaSession", "reinforce_ada_scale", "EXITS"]
 
