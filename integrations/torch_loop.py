@@ -55,6 +55,7 @@ import numpy as np
 import torch
 
 import sera_opt
+from sera_opt.estimator.groups import check_not_meta
 from sera_opt.exceptions import SeraOptError, SeraOptWarning
 from sera_opt.integrations import _common
 from sera_opt.rounds import run_rounds
@@ -367,6 +368,8 @@ def maxrl_loss(
     """
     if not isinstance(log_probs, torch.Tensor):
         raise SeraOptError(f"log_probs must be a torch.Tensor; got {type(log_probs).__name__}.")
+    # Before the rewards follow it to its device, where they would be named instead.
+    check_not_meta(log_probs, "log_probs")
     if log_probs.dim() == 1:
         if mask is not None:
             raise SeraOptError(

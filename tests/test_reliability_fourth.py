@@ -143,6 +143,25 @@ def test_meta_tensors_are_refused_in_the_librarys_words():
         sera_opt.maxrl_advantages(torch.tensor([1.0, 0.0]).to("meta"), torch.tensor([0, 0]))
 
 
+def test_meta_log_probs_are_named_as_the_meta_tensor():
+    from sera_opt.integrations.torch_loop import maxrl_loss
+
+    with pytest.raises(SeraOptError, match="log_probs is a meta tensor"):
+        maxrl_loss(torch.zeros(4, device="meta"), [1, 0, 1, 0], [0, 0, 1, 1])
+
+
+def test_boolean_success_probs_are_refused_as_outcomes_not_as_a_shape():
+    rewards, index = torch.tensor([1.0, 0.0, 1.0, 0.0]), torch.tensor([0, 0, 1, 1])
+    with pytest.raises(SeraOptError, match="booleans are outcomes, not probabilities"):
+        sera_opt.advantage_diagnostics(rewards, index,
+                                       success_probs=torch.tensor([True, False, True, False]))
+    with pytest.raises(SeraOptError, match=r"one entry per rollout, shape \(4,\), got \(2,\)"):
+        sera_opt.advantage_diagnostics(rewards, index, success_probs=torch.tensor([0.5, 0.5]))
+    taken = sera_opt.advantage_diagnostics(rewards, index,
+                                           success_probs=np.full(4, 0.5, dtype=np.float32))
+    assert taken == sera_opt.advantage_diagnostics(rewards, index, success_probs=[0.5] * 4)
+
+
 def test_too_few_log_prob_rows_are_named_as_such():
     from sera_opt.integrations.torch_loop import maxrl_loss
 

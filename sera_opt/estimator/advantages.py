@@ -562,6 +562,11 @@ def advantage_diagnostics(rewards, prompt_index, *, estimator: str = "mean_centr
 
 def _slot_probs(success_probs, groups, n_safe, dist, process_group):
     probs = as_tensor(success_probs, "success_probs", device=groups.device)
+    if probs.dtype == torch.bool:
+        raise SeraOptError(
+            "success_probs must be floating probabilities in [0, 1], got booleans; booleans are "
+            "outcomes, not probabilities: pass the estimates (for example the planner's)."
+        )
     if probs.shape != groups.codes.shape or not probs.is_floating_point():
         raise SeraOptError(
             f"success_probs must be a floating tensor with one entry per rollout, shape "
