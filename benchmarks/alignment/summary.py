@@ -59,7 +59,9 @@ def demo_verdict(payload: dict, peer: str | None = None) -> str:
     if doubled_of:
         text += (f"; at {doubled} of {doubled_of} budgets it did at least as well as uniform "
                  f"with twice the rollouts")
-    return text + "."
+    # One batch's alignment is not training: say what the default is, and why, beside it.
+    return text + (". Alignment is not training: the planner's default stays uniform, which no "
+                   "allocation beat through TRL at equal CPU time (README, 'Should you use it?').")
 
 
 def demo_plot(payload: dict, peer: str | None = None):

@@ -23,6 +23,8 @@ def test_the_verdict_counts_the_settings_and_the_doubled_budgets():
                         "sera/tracker/corrected": [0.4, 0.4, 0.4]})
     line = demo_verdict(payload, DEMO_PEER)
     assert "\n" not in line and line.startswith("Verdict: sera-fair:alpha=1(tracker)")
+    assert line.endswith("the planner's default stays uniform, which no allocation beat through "
+                         "TRL at equal CPU time (README, 'Should you use it?').")
     assert "better than uniform in 2 of 6 settings (worse in 2, tied in 2)" in line
     assert "+0.017 cosine on average" in line
     assert "at 2 of 4 budgets it did at least as well as uniform with twice the rollouts" in line
