@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from sera_opt._background import ENV_VAR as BACKGROUND_ENV
+from sera_opt.cache import BACKGROUND_COMPILE_ENV as BACKGROUND_ENV
 from sera_opt.exceptions import SeraOptError, SeraOptWarning
 
 __all__ = [

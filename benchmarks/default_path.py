@@ -50,8 +50,8 @@ import time
 
 import numpy as np
 
-from sera_opt._background import ENV_VAR as BACKGROUND_ENV
 from sera_opt.benchmarks import _harness
+from sera_opt.cache import BACKGROUND_COMPILE_ENV as BACKGROUND_ENV
 
 SIZES = (256, 1024, 4096, 65536, 1_000_000)
 QUICK_SIZES = (256, 1024, 4096, 65536)
@@ -96,7 +96,7 @@ while not session.done:
     counts = session.next_round()
     session.record(rng.random(int(counts.sum())) < 0.3)
 t4 = time.perf_counter()
-sera_opt.wait_for_kernels()
+sera_opt.cache.wait_for_kernels()
 t5 = time.perf_counter()
 print(json.dumps({"import_s": t1 - t0, "plan_s": t2 - t1, "observe_plan_s": t3 - t2,
                   "rounds_s": t4 - t3, "step_s": t4 - t1, "ready_s": t5 - t1,
@@ -173,19 +173,19 @@ def interim_cases(p, budget: int) -> dict:
     """The closed-form search and the one-at-a-time kernel that serves while a background
     process compiles it, called directly on the same problem (``sera-fair`` at alpha = 1,
     bounds ``MIN_ROLLOUTS..MAX_ROLLOUTS``): what a first call with a large spare costs."""
-    from sera_opt import _jit
+    from sera_opt.kernels import compiled
     from sera_opt.separable import AlphaFairUtility
 
-    kernels = _jit.kernels("sera_opt.kernels.closed")
+    kernels = compiled("closed")
     objective = AlphaFairUtility(p, alpha=1.0)
-    p0, p1, p2 = objective._params()
+    p0, p1, p2 = objective.kernel_params()
     m = p.shape[0]
     lo = np.full(m, MIN_ROLLOUTS, dtype=np.int64)
     hi = np.full(m, MAX_ROLLOUTS, dtype=np.int64)
     spare = budget - MIN_ROLLOUTS * m
 
     def call(kernel):
-        return kernel(objective._kind, p0, p1, p2, objective.offset, lo, hi, spare,
+        return kernel(objective.kernel_kind, p0, p1, p2, objective.offset, lo, hi, spare,
                       np.zeros(4, dtype=np.int64), np.empty((4, 0), dtype=np.int64),
                       np.empty(0, dtype=np.int64))
 
@@ -263,7 +263,7 @@ def first_use(sizes, repeats: int, show: bool) -> list[dict]:
     """Fresh processes with an empty cache, each mode in turn for each size and repeat (so
     that a change of the machine's load touches both alike). ``step_s`` is the step's
     wall time; ``ready_s`` adds the wait for a kernel still compiling in a background
-    process (``sera_opt.wait_for_kernels``), which the process waits for before it ends
+    process (``sera_opt.cache.wait_for_kernels``), which the process waits for before it ends
     so that the next one runs alone."""
     rows = []
     for m in sizes:

@@ -32,8 +32,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import _harness
 from sera_opt.exceptions import SeraOptError
+
+from . import _harness
 
 NAME = "device"
 #: Each stage's time limit in seconds; together under 8 minutes.
@@ -94,13 +95,13 @@ def trl_bf16_steps(out: Path, steps: int) -> dict[str, Any]:
     from transformers.trainer_callback import PrinterCallback
     from trl import GRPOConfig
 
-    from sera_opt.integrations._trl_tiny import (
+    from sera_opt.integrations.trl import SeraGRPOTrainer
+    from sera_opt.integrations.trl_tiny import (
         build_tiny_model,
         build_tokenizer,
         copy_digit_reward,
         make_prompts,
     )
-    from sera_opt.integrations.trl import SeraGRPOTrainer
 
     transformers.logging.set_verbosity_error()
     tokenizer = build_tokenizer()

@@ -40,7 +40,7 @@ import subprocess
 import sys
 import tempfile
 
-from sera_opt._background import ENV_VAR as BACKGROUND_ENV
+from sera_opt.cache import BACKGROUND_COMPILE_ENV as BACKGROUND_ENV
 
 from . import _harness
 

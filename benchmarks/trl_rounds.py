@@ -140,13 +140,13 @@ def _run(setting, *, steps: int, completion_length: int, seed: int,
     from trl import GRPOConfig, GRPOTrainer
 
     import sera_opt
-    from sera_opt.integrations._trl_tiny import (
+    from sera_opt.integrations.trl import SeraGRPOTrainer
+    from sera_opt.integrations.trl_tiny import (
         build_tiny_model,
         build_tokenizer,
         copy_digit_reward,
         make_prompts,
     )
-    from sera_opt.integrations.trl import SeraGRPOTrainer
 
     base = GRPOTrainer if setting == PLAIN else SeraGRPOTrainer
 

@@ -1,7 +1,7 @@
 """Offline CPU demo of :class:`sera_opt.integrations.trl.SeraGRPOTrainer`.
 
 Trains a randomly initialised 2-layer GPT-2 with a character-level tokenizer (both
-built in code) on the "copy a digit" task of :mod:`sera_opt.integrations._trl_tiny`
+built in code) on the "copy a digit" task of :mod:`sera_opt.integrations.trl_tiny`
 for a few optimizer steps. It prints a header (the setting, and what each column
 means), one line per step and a summary::
 
@@ -216,13 +216,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     from trl import GRPOConfig
 
     import sera_opt
-    from sera_opt.integrations._trl_tiny import (
+    from sera_opt.integrations.trl import SeraGRPOTrainer
+    from sera_opt.integrations.trl_tiny import (
         build_tiny_model,
         build_tokenizer,
         copy_digit_reward,
         make_prompts,
     )
-    from sera_opt.integrations.trl import SeraGRPOTrainer
 
     transformers.logging.set_verbosity_error()
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))

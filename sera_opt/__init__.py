@@ -11,13 +11,7 @@ imported by the functions that need them.
 
 from importlib import import_module as _import_module
 
-from ._background import wait_for_kernels
-from ._kernel_cache import (
-    KernelCacheInfo,
-    clear_kernel_cache,
-    kernel_cache_info,
-    set_kernel_cache_dir,
-)
+from . import cache
 from ._version import __version__
 from .api import allocate, waterline
 from .exceptions import (
@@ -65,6 +59,29 @@ _LAZY = {
     "GRPO_EPSILON": ".estimator",
     # --- end estimator ---
 }
+
+#: The top-level surface: what ``from sera_opt import *`` binds and docs/api.md documents.
+__all__ = [
+    "__version__",
+    # allocating
+    "allocate", "waterline", "attenuation", "AllocationProblem", "Allocation", "MAX_BUDGET",
+    # solvers and the separable engine
+    "Solver", "available_solvers", "get_solver", "register_solver",
+    "SeparableObjective", "solve_separable",
+    # policies
+    "AllocationPolicy", "SeparablePolicy", "SERAPolicy", "SERAFairPolicy", "UniformPolicy",
+    "DEFAULT_MAX_RATIO", "available_policies", "get_policy", "policy_from_config",
+    "register_policy",
+    # tracking, planning, rounds
+    "SuccessTracker", "EpochTracker", "RolloutPlanner", "RoundSession", "RoundResult",
+    # the estimator (torch, loaded on first access)
+    *_LAZY,
+    # errors
+    "SeraOptError", "SeraOptWarning", "InfeasibleBudgetError", "MissingDependencyError",
+    "SolverError",
+    # the compiled-kernel cache (a module)
+    "cache",
+]
 
 
 def __getattr__(name):

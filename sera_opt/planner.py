@@ -271,11 +271,11 @@ class RolloutPlanner(LockedState):
                 allocate_options["posterior"] = tracker.posterior(prompt_ids)
                 prior = allocate_options["posterior"] if posterior else None
                 success_probs = None
-                repeats, examples = SuccessTracker._repeated_ids(prompt_ids)
+                repeats, examples = SuccessTracker.repeated_ids(prompt_ids)
             else:
                 # The estimates, the check for repeats and (for a round session) the
                 # posterior from one lookup of the ids.
-                success_probs, repeats, examples, prior = tracker._estimate_and_repeats(
+                success_probs, repeats, examples, prior = tracker.estimate_and_repeats(
                     prompt_ids, posterior=posterior)
         if repeats:
             warnings.warn(

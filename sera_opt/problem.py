@@ -458,19 +458,19 @@ class AllocationProblem:
         setattr_(self, "_spare", spare)
 
     @classmethod
-    def _validated(cls, p: np.ndarray, budget: int, lo: int, hi: int, offset: int,
-                   capped: bool, rates: np.ndarray | None = None) -> AllocationProblem:
+    def from_validated(cls, p: np.ndarray, budget: int, lo: int, hi: int, offset: int,
+                       capped: bool, rates: np.ndarray | None = None) -> AllocationProblem:
         """The problem of inputs that a caller has already validated: ``p`` a finite,
         read-only 1-D float array in [0, 1] that the problem may keep (nothing outside
         sera_opt can write to its memory: :func:`owned_read_only`), ``offset`` 0 or 1, and Python-int bounds and
         budget with ``1 + offset <= lo <= hi <= MAX_BUDGET`` and ``lo * M <= budget <= hi
         * M`` (``hi`` being ``lo + budget - lo * M`` when not ``capped``); ``rates``, when
         given, its finite positive rates (no prompt at ``p = 0`` or ``1``), which the
-        problem keeps (:meth:`_cache_rates`)."""
+        problem keeps (:meth:`cache_rates`)."""
         self = object.__new__(cls)
         self._assign(p, budget, offset, capped, lo, hi, budget - lo * p.shape[0])
         if rates is not None:
-            self._cache_rates(rates, 0, 0)
+            self.cache_rates(rates, 0, 0)
         return self
 
     def __setattr__(self, name, value):
@@ -513,6 +513,13 @@ class AllocationProblem:
         return cache
 
     @property
+    def stored_bounds(self) -> tuple[int | np.ndarray, int | np.ndarray]:
+        """The minimum and maximum as the problem keeps them: Python ints when every prompt
+        has the same bounds (:attr:`uniform_bounds`), else int64 arrays that callers never
+        write to. :attr:`min_rollouts` and :attr:`max_rollouts` are their per-prompt form."""
+        return self._lo, self._hi
+
+    @property
     def uniform_bounds(self) -> bool:
         """Whether every prompt has the same minimum and the same maximum."""
         return isinstance(self._lo, int) and isinstance(self._hi, int)
@@ -524,10 +531,10 @@ class AllocationProblem:
             p = np.ascontiguousarray(self.success_probs, dtype=np.float64)
             rates = np.empty(p.shape[0], dtype=np.float64)
             zeros, infs, _ = kernels.rates_from_probs(p, rates)  # p is validated
-            cache = self._cache_rates(rates, zeros, infs)
+            cache = self.cache_rates(rates, zeros, infs)
         return cache
 
-    def _cache_rates(self, rates: np.ndarray, zeros: int, infs: int):
+    def cache_rates(self, rates: np.ndarray, zeros: int, infs: int):
         """Keep the rates (and how many are 0 and inf) that a kernel computed for us.
 
         The cache holds a read-only view (what :attr:`rates` returns) and the writable

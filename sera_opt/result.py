@@ -204,8 +204,8 @@ class Allocation:
         object.__setattr__(self, "wall_time", float(self.wall_time))
 
     @classmethod
-    def _trusted(cls, problem: AllocationProblem, counts: np.ndarray, **fields: Any
-                 ) -> Allocation:
+    def from_solver_counts(cls, problem: AllocationProblem, counts: np.ndarray, **fields: Any
+                           ) -> Allocation:
         """Build from counts that a library solver produced and the tests certify
         (int64, feasible), without re-checking them: O(1) instead of O(M)."""
         out = object.__new__(cls)

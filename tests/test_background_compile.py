@@ -159,7 +159,7 @@ def test_a_forked_process_waits_for_the_cache_not_for_the_child(fake, tmp_path, 
 
 
 def test_wait_for_kernels_returns_at_once_when_nothing_compiles():
-    assert sera_opt.wait_for_kernels(timeout=0) is True
+    assert sera_opt.cache.wait_for_kernels(timeout=0) is True
 
 
 def test_the_child_entry_checks_its_argument(capsys):
@@ -182,7 +182,7 @@ first = planner.plan(ids, 8 * m)
 rewards = (np.arange(int(first.counts.sum())) % 3 == 0).astype(np.float64)
 planner.observe(np.repeat(ids, first.counts), rewards)
 second = planner.plan(ids, 8 * m)
-ready = sera_opt.wait_for_kernels(timeout=600)
+ready = sera_opt.cache.wait_for_kernels(timeout=600)
 third = planner.plan(ids, 8 * m)
 bracket = kernels("sera_opt.kernels.closed").bracket_solve
 compiled = sorted({ev.data["dispatcher"].py_func.__qualname__

@@ -120,7 +120,7 @@ def test_the_training_batch_kernel_equals_exhaustive_sort(seed, m, ties, identic
         objectives = [AlphaFairUtility(np.full(m, 0.3), alpha, offset=1) for alpha in (0, 1, 2)]
     else:
         objectives = [o for o in objectives_for(rng, m, ties=ties)
-                      if o._kind in CLOSED_FORM_KINDS]
+                      if o.kernel_kind in CLOSED_FORM_KINDS]
     for objective in objectives:
         np.testing.assert_array_equal(
             closed_entry_counts("closed_solve", objective, budget, lo, hi),
@@ -145,7 +145,7 @@ def test_the_bracket_search_is_exact_at_small_spares_too(seed, m, share):
         return
     budget = int(lo.sum()) + min(max(1, int(share * total)), total - 1)
     for objective in objectives_for(rng, m, ties=False):
-        if objective._kind in CLOSED_FORM_KINDS:
+        if objective.kernel_kind in CLOSED_FORM_KINDS:
             want = sorted_reference(objective, budget, lo, hi)
             for name in ("bracket_solve", "collect_solve"):
                 np.testing.assert_array_equal(
@@ -214,9 +214,9 @@ def test_known_ids_are_checked_for_repeats_on_their_slots(monkeypatch, kind):
     ids = [f"p{i}" if kind == "str" else 10 * i for i in range(50)]
     planner = sera_opt.RolloutPlanner(max_rollouts=64)
     planner.observe(np.repeat(ids, 2), np.tile([1.0, 0.0], 50))
-    real = SuccessTracker._repeated_ids
+    real = SuccessTracker.repeated_ids
     calls = []
-    monkeypatch.setattr(SuccessTracker, "_repeated_ids",
+    monkeypatch.setattr(SuccessTracker, "repeated_ids",
                         staticmethod(lambda parsed: calls.append(1) or real(parsed)))
     counts = planner.plan(ids, 403).counts
     assert calls == [], "a batch of known ids was hashed again"
@@ -282,8 +282,8 @@ def test_the_alpha_2_crossing_keeps_its_digits_at_the_first_steps():
     from sera_opt.kernels import closed, gains
 
     objective = AlphaFairUtility(np.array([3.8756548307058604e-08, 0.3, 0.999]), 2.0, offset=1)
-    kind = objective._kind
-    p0, p1, p2 = objective._params()
+    kind = objective.kernel_kind
+    p0, p1, p2 = objective.kernel_params()
     for row in range(3):
         for lo in (2, 3, 5):
             top = gains.gain(kind, p0[row], p1[row], p2[row], 1, lo)
@@ -305,7 +305,7 @@ def test_the_largest_problems_kernel_on_a_case_that_once_overspent(seed, m):
     hi = lo + rng.integers(0, 12, m)
     budget = int(lo.sum()) + int(0.5 * (hi - lo).sum())
     for objective in objectives_for(rng, m, ties=False):
-        if objective._kind in CLOSED_FORM_KINDS:
+        if objective.kernel_kind in CLOSED_FORM_KINDS:
             reference = sorted_reference(objective, budget, lo, hi)
             for name in ("closed_solve", "closed_counts_sampled_exact"):
                 np.testing.assert_array_equal(

@@ -161,14 +161,14 @@ def test_updates_within_an_epoch_change_no_estimate(kind, history, updates):
     probe = POOLS[kind] + UNSEEN[kind]
     before = (tracker.estimate(probe), *tracker.posterior(probe), *tracker.evidence(probe),
               tracker.known(probe))
-    reads_before = tracker._estimate_and_repeats(probe, posterior=True)
+    reads_before = tracker.estimate_and_repeats(probe, posterior=True)
     for op in updates:
         tracker.update([key(kind, i) for i, _ in op], [int(r) for _, r in op])
         after = (tracker.estimate(probe), *tracker.posterior(probe), *tracker.evidence(probe),
                  tracker.known(probe))
         for old, new in zip(before, after, strict=True):
             np.testing.assert_array_equal(new, old, err_msg="an update changed a frozen read")
-    reads_after = tracker._estimate_and_repeats(probe, posterior=True)
+    reads_after = tracker.estimate_and_repeats(probe, posterior=True)
     np.testing.assert_array_equal(reads_after[0], reads_before[0])
     np.testing.assert_array_equal(reads_after[3][0], reads_before[3][0])
     # The boundary is what moves them: every prompt updated above now has its outcomes.
@@ -278,8 +278,8 @@ def test_estimate_and_repeats_keeps_the_success_trackers_contract(ids, posterior
     for tracker in (epoch, success):
         tracker.update(seen, [1, 0, 1, 0, 1][:len(seen)])
     epoch.end_epoch()
-    mine = epoch._estimate_and_repeats(ids, posterior=posterior)
-    theirs = success._estimate_and_repeats(ids, posterior=posterior)
+    mine = epoch.estimate_and_repeats(ids, posterior=posterior)
+    theirs = success.estimate_and_repeats(ids, posterior=posterior)
     assert len(mine) == 4
     np.testing.assert_allclose(mine[0], theirs[0], rtol=1e-15)
     assert mine[0].dtype == np.float64 and mine[0].shape == (len(ids),)
@@ -289,7 +289,7 @@ def test_estimate_and_repeats_keeps_the_success_trackers_contract(ids, posterior
             np.testing.assert_allclose(a, b, rtol=1e-15)
     else:
         assert mine[3] is None
-    assert EpochTracker._repeated_ids(ids) == SuccessTracker._repeated_ids(ids)
+    assert EpochTracker.repeated_ids(ids) == SuccessTracker.repeated_ids(ids)
     assert epoch.prior_params() == (1.0, 1.0)
 
 

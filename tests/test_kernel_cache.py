@@ -159,9 +159,9 @@ def test_an_unwritable_cache_directory_is_one_notice_and_kernels_in_memory(tmp_p
 @pytest.mark.slow  # compiles the kernels in a fresh process
 def test_the_setting_applies_before_the_first_kernel_and_is_refused_after(tmp_path):
     code = (f"import sera_opt\n"
-            f"sera_opt.set_kernel_cache_dir({str(tmp_path / 'chosen')!r})\n"
+            f"sera_opt.cache.set_kernel_cache_dir({str(tmp_path / 'chosen')!r})\n"
             f"sera_opt.allocate([0.5, 0.2], 6)\n"
-            f"try:\n    sera_opt.set_kernel_cache_dir(None)\n"
+            f"try:\n    sera_opt.cache.set_kernel_cache_dir(None)\n"
             f"except sera_opt.SeraOptError as e:\n    print('refused:', e)\n")
     result = _python(code, _env(SERA_OPT_CACHE_DIR=str(tmp_path / "env")))
     assert result.returncode == 0, result.stderr
@@ -176,7 +176,7 @@ def test_a_setting_that_is_not_a_directory_is_refused(bad):
     import sera_opt
 
     with pytest.raises(sera_opt.SeraOptError, match="set_kernel_cache_dir"):
-        sera_opt.set_kernel_cache_dir(bad)
+        sera_opt.cache.set_kernel_cache_dir(bad)
 
 
 @pytest.mark.slow  # compiles the kernels in a fresh process
@@ -325,8 +325,8 @@ def test_the_version_does_not_call_an_unwritable_cache_cold(tmp_path):
 @pytest.mark.slow  # compiles the kernels in a fresh process
 def test_the_setting_is_allowed_after_only_looking_at_the_cache(tmp_path):
     code = (f"import sera_opt\n"
-            f"sera_opt.kernel_cache_info()\n"
-            f"sera_opt.set_kernel_cache_dir({str(tmp_path / 'chosen')!r})\n" + ALLOCATE)
+            f"sera_opt.cache.kernel_cache_info()\n"
+            f"sera_opt.cache.set_kernel_cache_dir({str(tmp_path / 'chosen')!r})\n" + ALLOCATE)
     result = _python(code, _env(SERA_OPT_CACHE_DIR=str(tmp_path / "env")))
     assert result.returncode == 0 and result.stdout == "[2, 6, 16]\n", result.stderr
     assert _cache_files(tmp_path / "chosen"), "the chosen directory was not used"

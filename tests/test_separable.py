@@ -249,7 +249,7 @@ def test_knapsack_counts_certified_by_bounds_equal_the_evaluated_crossing(p, flo
     from sera_opt.kernels import crossing, gains, kinds
 
     objective = KnapsackValue(np.array([p]))
-    x = tuple(row[0] for row in objective._params())
+    x = tuple(row[0] for row in objective.kernel_params())
     ceil = floor + width
     lam = gains.gain(kinds.KNAPSACK, *x, 0, pick)
     if shift is None:
@@ -315,7 +315,7 @@ def test_hit_utility_walk_reads_gains_bit_for_bit(alpha, beta, k, below, width, 
 
     kind = kinds.HIT_UTILITY
     objective = HitUtility(np.array([alpha]), np.array([beta]))
-    x = tuple(row[0] for row in objective._params())
+    x = tuple(row[0] for row in objective.kernel_params())
     floor = max(k - below, 0)
     ceil = k + width
 
@@ -418,7 +418,7 @@ def test_subsample_path_equals_exhaustive_sort():
     for objective in objectives:
         stats = np.zeros(4, dtype=np.int64)
         counts = solve_separable(objective, budget, lo, hi, stats=stats)
-        if objective._kind is not None:  # PointLevels runs on the waterline kernels
+        if objective.kernel_kind is not None:  # PointLevels runs on the waterline kernels
             assert stats[3] >= 1, "the subsample path was not taken"
         np.testing.assert_array_equal(counts, sorted_reference(objective, budget, lo, hi),
                                       err_msg=type(objective).__name__)
@@ -438,7 +438,7 @@ def test_beta_objectives_solve_alike_with_the_guess_row_and_the_exact_one(m):
         for make in (lambda o: BetaLevels(o._p0, o._p1, offset=1), lambda o: HitUtility(o._p0, o._p1)):
             source = next(o for o in objectives if isinstance(o, HitUtility))
             cheap, exact = make(source), make(source)
-            exact._params()  # prepares the exact row, which every later solve reads
+            exact.kernel_params()  # prepares the exact row, which every later solve reads
             counts = solve_separable(cheap, budget, lo, hi)
             assert cheap._p2 is None and cheap._p2_guess is not None
             np.testing.assert_array_equal(counts, solve_separable(exact, budget, lo, hi),
@@ -510,7 +510,7 @@ def test_state_in_numpy_memory_gives_the_same_counts(monkeypatch):
     budget = int(rng.integers(lo.sum(), hi.sum() + 1))
     for ties in (False, True):
         for objective in objectives_for(rng, m, ties=ties):
-            if objective._kind is None or isinstance(objective, PointLevels):
+            if objective.kernel_kind is None or isinstance(objective, PointLevels):
                 continue
             counts = solve_separable(objective, budget, lo, hi)
             assert counts.sum() == budget and counts.base is None
@@ -677,7 +677,7 @@ def closed_entry_counts(name, objective, budget, lo, hi):
 
     spare = budget - int(lo.sum())
     p0, p1, p2 = (np.ascontiguousarray(x) for x in objective._solve_params(hi))
-    return getattr(closed, name)(objective._kind, p0, p1, p2, objective.offset, lo, hi, spare,
+    return getattr(closed, name)(objective.kernel_kind, p0, p1, p2, objective.offset, lo, hi, spare,
                                  np.zeros(4, dtype=np.int64), np.empty((4, 0), dtype=np.int64),
                                  np.empty(0, dtype=np.int64))
 
@@ -702,7 +702,7 @@ def test_every_closed_form_entry_equals_exhaustive_sort(seed, m, ties, share):
         return
     budget = int(lo.sum()) + min(max(1, int(share * total)), total - 1)
     for objective in objectives_for(rng, m, ties=ties):
-        if objective._kind not in CLOSED_FORM_KINDS:
+        if objective.kernel_kind not in CLOSED_FORM_KINDS:
             continue
         reference = sorted_reference(objective, budget, lo, hi)
         for name in CLOSED_ENTRIES:

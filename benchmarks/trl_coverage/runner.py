@@ -2,7 +2,7 @@
 
 Run as ``sera-opt bench trl-coverage`` (or ``python -m sera_opt.benchmarks.trl_coverage``).
 Reinforcement learning through trl 1.16 on CPU: the tiny GPT-2 of
-:mod:`sera_opt.integrations._trl_tiny` with a character-level tokenizer, both
+:mod:`sera_opt.integrations.trl_tiny` with a character-level tokenizer, both
 built in code, learns the arithmetic experiment's addition problems (verifiable
 rewards, completions of 2 to ``max_digits + 2`` tokens) from a supervised warm
 start that every arm of a seed shares. The arms of the default preset (:data:`~.train.ARMS`,

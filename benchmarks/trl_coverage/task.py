@@ -8,7 +8,7 @@ positions would otherwise differ between ``generate`` (positions counted from
 the first real token) and the trainers' log-probability pass (counted from the
 first pad). Sums of 1 to
 ``max_digits + 1`` digits make completions of varying length. The model is the
-2-layer GPT-2 of :mod:`sera_opt.integrations._trl_tiny` with its character-level
+2-layer GPT-2 of :mod:`sera_opt.integrations.trl_tiny` with its character-level
 tokenizer over the task's characters; nothing is downloaded.
 
 A completion is correct when it is exactly the reversed sum followed by the end
@@ -35,7 +35,7 @@ CHARACTERS = " 0123456789+="
 
 def build(*, seed: int, n_embd: int, n_layer: int, n_head: int):
     """``(tokenizer, model)``: the character tokenizer and a fresh tiny GPT-2 (weights from ``seed``)."""
-    from sera_opt.integrations._trl_tiny import build_tiny_model, build_tokenizer
+    from sera_opt.integrations.trl_tiny import build_tiny_model, build_tokenizer
 
     tokenizer = build_tokenizer(CHARACTERS)
     # No dropout: GRPOTrainer samples its completions in training mode, where dropout would

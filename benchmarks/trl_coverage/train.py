@@ -70,7 +70,7 @@ class CoverageConfig:
     num_train: int = 256
     num_test: int = 64
     data_seed: int = 2026
-    # model: the tiny GPT-2 of sera_opt.integrations._trl_tiny
+    # model: the tiny GPT-2 of sera_opt.integrations.trl_tiny
     n_embd: int = 64
     n_layer: int = 2
     n_head: int = 4

@@ -12,3 +12,12 @@ and is the one list of the objectives' kind numbers.
   :mod:`.floatkeys`; :mod:`.closed`: the closed-form engine's entry kernels, one per
   opening of its bracket (:func:`.kinds.closed_entry` chooses).
 """
+
+
+def compiled(name: str):
+    """The kernel module ``sera_opt.kernels.<name>`` with its kernels compiled by numba (or
+    loaded from the kernel cache): what the library's own calls use, for the benchmarks
+    that time a kernel by itself. Imports numba."""
+    from .. import _jit
+
+    return _jit.kernels(f"{__name__}.{name}")

@@ -570,7 +570,7 @@ class SeparablePolicy(AllocationPolicy):
         lo, hi = problem.kernel_bounds()
         counts = solve_validated(objective, lo, hi, problem.spare_budget,
                                  np.zeros(4, dtype=np.int64))
-        return Allocation._trusted(problem, counts, solver=self.name,
+        return Allocation.from_solver_counts(problem, counts, solver=self.name,
                                    wall_time=time.perf_counter() - start,
                                    objective=objective, posterior=posterior)
 

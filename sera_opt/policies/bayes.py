@@ -208,4 +208,4 @@ class SERABayesPolicy(PosteriorPolicy):
         valid; it is not checked again each round."""
         if posterior is None:
             return PointLevels.from_problem(problem)
-        return BetaLevels._of_checked(*posterior, offset=problem.offset)
+        return BetaLevels.of_checked(*posterior, offset=problem.offset)

@@ -274,5 +274,5 @@ class UniformPolicy(AllocationPolicy):
         start = time.perf_counter()
         counts = uniform_counts(problem)
         objective = EvenCounts(problem.num_prompts)
-        return Allocation._trusted(problem, counts, solver=self.name,
+        return Allocation.from_solver_counts(problem, counts, solver=self.name,
                                    wall_time=time.perf_counter() - start, objective=objective)

@@ -85,4 +85,4 @@ class SERAFairPolicy(SeparablePolicy):
         when the policy was built rather than once per round."""
         if math.isinf(self.alpha):
             return PointLevels.from_problem(problem)
-        return AlphaFairUtility._of_checked(problem, self.alpha)
+        return AlphaFairUtility.of_checked(problem, self.alpha)

@@ -425,7 +425,7 @@ class RoundSession:
         lo = np.full(rows.shape[0], self.offset, dtype=np.int64) if shifted else total.copy()
         k = rows.shape[0]
         base = 1 + self.offset
-        problem = AllocationProblem._validated(p, base * k, base, base, self.offset, False)
+        problem = AllocationProblem.from_validated(p, base * k, base, base, self.offset, False)
         inputs = {key: None if value is None else np.asarray(value)[rows]
                   for key, value in self._inputs.items()}
         if "posterior" in policy.extra_inputs:

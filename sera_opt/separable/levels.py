@@ -98,7 +98,7 @@ class BetaObjective(KernelObjective):
         self._p2_guess = None
 
     @classmethod
-    def _of_checked(cls, alpha: np.ndarray, beta: np.ndarray, offset: int = 0):
+    def of_checked(cls, alpha: np.ndarray, beta: np.ndarray, offset: int = 0):
         """The objective of a posterior that :func:`validate_beta_posterior` has passed,
         or one derived from such a posterior that still holds what it checks (float64
         rows, finite, ``>= 0``, ``alpha + beta > 0``; more failures keep all of it): a
@@ -112,20 +112,20 @@ class BetaObjective(KernelObjective):
 
     def _prepared(self, exact: bool) -> np.ndarray:
         kernels = _jit.kernels("sera_opt.kernels.gains")
-        return kernels.prepare(self._kind, self._p0, self._p1, np.empty_like(self._p0), exact)
+        return kernels.prepare(self.kernel_kind, self._p0, self._p1, np.empty_like(self._p0), exact)
 
-    def _params(self):
+    def kernel_params(self):
         if self._p2 is None:
             self._p2 = self._prepared(True)
         return self._p0, self._p1, self._p2
 
     def _solve_params(self, hi: np.ndarray):
         if self._p2 is not None or hi.size == 0:
-            return self._params()
+            return self.kernel_params()
         # Gains are evaluated at counts up to hi (the tie rule reads the next one).
-        effective = int(hi.max()) - (self.offset if self._kind == BETA_LEVELS else 0)
+        effective = int(hi.max()) - (self.offset if self.kernel_kind == BETA_LEVELS else 0)
         if effective > PRODUCT_MAX:
-            return self._params()
+            return self.kernel_params()
         if self._p2_guess is None:
             self._p2_guess = self._prepared(False)
         return self._p0, self._p1, self._p2_guess
@@ -144,7 +144,7 @@ class BetaLevels(BetaObjective):
     """
 
     sense = "max-min"
-    _kind = BETA_LEVELS
+    kernel_kind = BETA_LEVELS
     _tie_rtol = 1e-10
 
     def edges(self):

@@ -50,7 +50,7 @@ class SeparableObjective:
     sense: ClassVar[str]
     # Set by built-in objectives: the numba kernel's id and its three rows of
     # per-prompt parameters (see :mod:`sera_opt.kernels.gains`); None uses the numpy engine.
-    _kind: ClassVar[int | None] = None
+    kernel_kind: ClassVar[int | None] = None
     # Max-min only: levels this close (relative) to the final threshold count as
     # tied, so that the tie rule, not rounding, decides between them.
     _tie_rtol: ClassVar[float] = 0.0
@@ -77,19 +77,19 @@ class SeparableObjective:
         minimum (also one step past its maximum). Any strictly increasing
         function of the gain may be returned instead (the engine only compares).
         """
-        if self._kind is None:
+        if self.kernel_kind is None:
             raise NotImplementedError(f"{type(self).__name__} must implement gains(counts).")
         kernels = _jit.kernels("sera_opt.kernels.gains")
 
-        return kernels.gains_at(self._kind, *self._params(), self.offset, self._counts(counts))
+        return kernels.gains_at(self.kernel_kind, *self.kernel_params(), self.offset, self._counts(counts))
 
     def terms(self, counts) -> np.ndarray:
         """Per-prompt terms at integer ``counts``: levels, utilities or costs (float64)."""
-        if self._kind is None:
+        if self.kernel_kind is None:
             raise NotImplementedError(f"{type(self).__name__} must implement terms(counts).")
         kernels = _jit.kernels("sera_opt.kernels.gains")
 
-        return kernels.values(self._kind, *self._params(), self.offset, self._counts(counts))
+        return kernels.values(self.kernel_kind, *self.kernel_params(), self.offset, self._counts(counts))
 
     def edges(self) -> tuple[np.ndarray, np.ndarray] | None:
         """Max-min only: masks of the prompts whose level is 0 (resp. infinite) at every
@@ -101,7 +101,7 @@ class SeparableObjective:
         """Whether :meth:`row_gains` evaluates only the rows asked for (a built-in
         objective that keeps the engine's :meth:`gains`, through its kernel); otherwise
         it evaluates every row and picks those asked for."""
-        return self._kind is not None and type(self).gains is SeparableObjective.gains
+        return self.kernel_kind is not None and type(self).gains is SeparableObjective.gains
 
     def row_gains(self, rows: np.ndarray, counts) -> np.ndarray:
         """``gains(counts)[rows]``: ``counts`` has one entry per prompt, ``rows`` are
@@ -112,10 +112,10 @@ class SeparableObjective:
         same float as in :meth:`gains`); the others evaluate every row.
         """
         if self.gains_by_row:
-            p0, p1, p2 = self._params()
+            p0, p1, p2 = self.kernel_params()
             n = np.asarray(counts, dtype=np.int64)
             return _jit.kernels("sera_opt.kernels.gains").gains_at(
-                self._kind, p0[rows], p1[rows], p2[rows], self.offset, n[rows])
+                self.kernel_kind, p0[rows], p1[rows], p2[rows], self.offset, n[rows])
         return self.gains(counts)[rows]
 
     def value(self, counts) -> float:
@@ -134,17 +134,19 @@ class SeparableObjective:
             raise SeraOptError(f"counts must have shape ({self.num_prompts},), got {n.shape}.")
         return n
 
-    def _params(self):
+    def kernel_params(self):
+        """The three parameter rows the kernels read with :attr:`kernel_kind` (float64,
+        one entry per prompt; never write to them)."""
         return self._p0, self._p1, self._p2
 
     def _solve_params(self, hi: np.ndarray):
         """The parameter rows a solve with upper bounds ``hi`` reads."""
-        return self._params()
+        return self.kernel_params()
 
     def _solve_rows(self, idx, lo, hi, spare, stats) -> np.ndarray:
         """Counts for the rows ``idx`` (a slice or index array) with bounds ``lo``, ``hi``
         (already restricted to them) and ``spare`` rollouts above ``sum(lo)``."""
-        if self._kind is not None:
+        if self.kernel_kind is not None:
             p0, p1, p2 = (np.ascontiguousarray(x[idx]) for x in self._solve_params(hi))
             # The engine's per-row state and the counts, from numpy: it asks the kernel
             # for transparent huge pages, so that first writing 10^6 rows of state takes
@@ -159,20 +161,20 @@ class SeparableObjective:
                 lo = lo.copy()
             if not hi.flags.writeable:
                 hi = hi.copy()
-            if self._kind in CLOSED_FORM_KINDS:
+            if self.kernel_kind in CLOSED_FORM_KINDS:
                 # The entry kernel is chosen here, by the size of the problem, so that no
                 # training batch compiles the largest problems' (see kinds.closed_entry);
                 # and a spare that needs a search (kinds.search_entry) is handed out one
                 # rollout at a time (the same counts) while a background process compiles it.
                 name = closed_entry(lo.shape[0])
                 if (name == "closed_solve" and STEPWISE_MAX_SPARE < spare <= INTERIM_MAX_SPARE
-                        and not SEARCHES[search_entry(self._kind)].ready()):
+                        and not SEARCHES[search_entry(self.kernel_kind)].ready()):
                     name = "stepwise_counts"
                 entry = getattr(_jit.kernels("sera_opt.kernels.closed"), name)
-                return entry(self._kind, p0, p1, p2, self.offset, lo, hi, spare, stats,
+                return entry(self.kernel_kind, p0, p1, p2, self.offset, lo, hi, spare, stats,
                              np.empty((4, m), dtype=np.int64), np.empty(m, dtype=np.int64))
             kernels = _jit.kernels("sera_opt.kernels.entries")
-            return kernels.solve(self._kind, p0, p1, p2, self.offset, lo, hi, spare,
+            return kernels.solve(self.kernel_kind, p0, p1, p2, self.offset, lo, hi, spare,
                                  self.sense == "max-min", self._tie_rtol, stats,
                                  np.empty((4, m), dtype=np.int64), np.empty((4, m)),
                                  np.empty((2, m)), np.empty(m, dtype=np.int64))

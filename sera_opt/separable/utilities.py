@@ -40,7 +40,7 @@ class KnapsackValue(_PointProbabilityObjective):
     """
 
     sense = "max-sum"
-    _kind = kinds.KNAPSACK
+    kernel_kind = kinds.KNAPSACK
 
 
 class HitUtility(BetaObjective):
@@ -51,7 +51,7 @@ class HitUtility(BetaObjective):
     """
 
     sense = "max-sum"
-    _kind = kinds.HIT_UTILITY
+    kernel_kind = kinds.HIT_UTILITY
 
     def __init__(self, alpha, beta):
         super().__init__(alpha, beta)
@@ -62,7 +62,7 @@ class PointHitUtility(_PointProbabilityObjective):
     posterior uncertainty. Gains ``(1 - p)^n p`` are compared in log space."""
 
     sense = "max-sum"
-    _kind = kinds.POINT_HIT
+    kernel_kind = kinds.POINT_HIT
 
 
 class RLOOVariance(KernelObjective):
@@ -75,7 +75,7 @@ class RLOOVariance(KernelObjective):
     """
 
     sense = "min-sum"
-    _kind = kinds.RLOO_VARIANCE
+    kernel_kind = kinds.RLOO_VARIANCE
 
     def __init__(self, success_probs, gamma: float = 7e-4):
         p = probabilities(success_probs)
@@ -95,7 +95,7 @@ class InverseCountCost(KernelObjective):
     """
 
     sense = "min-sum"
-    _kind = kinds.INVERSE_COUNT
+    kernel_kind = kinds.INVERSE_COUNT
 
     def __init__(self, weights):
         w = as_float_row(weights, "weights")
@@ -134,7 +134,7 @@ class AlphaFairUtility(KernelObjective):
     """
 
     sense = "max-sum"
-    _kind = kinds.ALPHA_FAIR
+    kernel_kind = kinds.ALPHA_FAIR
     # alpha = 0, 1, 2 have kernels of their own (closed-form crossings); the rows
     # they read are a and log p (alpha = 0) or a and p (alpha = 1, 2).
     def __init__(self, success_probs, alpha: float = 1.0, offset: int = 0, *, rates=None):
@@ -153,7 +153,7 @@ class AlphaFairUtility(KernelObjective):
         return objective
 
     @classmethod
-    def _of_checked(cls, problem, alpha: float) -> AlphaFairUtility:
+    def of_checked(cls, problem, alpha: float) -> AlphaFairUtility:
         """:meth:`from_problem` for an ``alpha`` that :func:`check_alpha` has already
         returned (a policy's, checked when the policy was built): a session in rounds
         builds one utility per round, and checking the option again was a tenth of a
@@ -174,7 +174,7 @@ class AlphaFairUtility(KernelObjective):
             with np.errstate(divide="ignore"):
                 second = np.log(p) if alpha == 0.0 else p
             super().__init__(rates, second, offset=offset)
-            self._kind = special
+            self.kernel_kind = special
         else:
             with np.errstate(divide="ignore"):
                 super().__init__(rates, np.log(p), np.full(p.shape, alpha), offset=offset)
@@ -197,7 +197,7 @@ def _warm_search(objective) -> None:
     :func:`~sera_opt.separable.objective.solve_validated` (background compiles off in the
     process that runs it), which calls the objective's search."""
     m = objective.num_prompts
-    if objective._kind not in kinds.CLOSED_FORM_KINDS:
+    if objective.kernel_kind not in kinds.CLOSED_FORM_KINDS:
         raise RuntimeError(f"{type(objective).__name__} is not a closed-form kind")
     counts = solve_validated(objective, np.ones(m, dtype=np.int64),
                              np.full(m, 64, dtype=np.int64), 7 * m, np.zeros(4, dtype=np.int64))

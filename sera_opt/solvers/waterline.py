@@ -47,7 +47,8 @@ def _scalar_bound(value: int) -> np.ndarray:
 def _kernel_bounds(problem: AllocationProblem):
     """``(lo, hi, uniform)`` as the kernels take them: one entry each when uniform."""
     if problem.uniform_bounds:
-        return _scalar_bound(problem._lo), _scalar_bound(problem._hi), True
+        lo, hi = problem.stored_bounds
+        return _scalar_bound(lo), _scalar_bound(hi), True
     return (np.ascontiguousarray(problem.min_rollouts), np.ascontiguousarray(problem.max_rollouts),
             False)
 
@@ -156,7 +157,7 @@ def _fused(problem: AllocationProblem, continuous: bool):
         p, rates, cached is None, *_kernel_bounds(problem), problem.offset,
         problem.spare_budget, continuous)
     if cached is None:
-        problem._cache_rates(rates, zeros, infs)
+        problem.cache_rates(rates, zeros, infs)
     if zeros or infs:
         return None
     return counts, relaxed, level
@@ -192,8 +193,8 @@ def allocate_batch(p, budget, lo, hi, offset: int, continuous: bool):
         continuous)
     if zeros or infs or bad:
         return None
-    problem = AllocationProblem._validated(view, budget, lo, hi, offset, capped, rates)
-    return Allocation._trusted(problem, counts, solver=WaterlineSolver.name,
+    problem = AllocationProblem.from_validated(view, budget, lo, hi, offset, capped, rates)
+    return Allocation.from_solver_counts(problem, counts, solver=WaterlineSolver.name,
                                wall_time=time.perf_counter() - start,
                                objective=PointLevels.from_problem(problem),
                                continuous=relaxed, waterline=level)
@@ -248,6 +249,6 @@ class WaterlineSolver(Solver):
             counts = integer_waterline(problem, math.nan if level is None else level, slope,
                                        active)
         elapsed = time.perf_counter() - start
-        return Allocation._trusted(problem, counts, solver=self.name, wall_time=elapsed,
+        return Allocation.from_solver_counts(problem, counts, solver=self.name, wall_time=elapsed,
                                    objective=PointLevels.from_problem(problem),
                                    continuous=relaxed, waterline=level)

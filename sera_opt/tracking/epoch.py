@@ -215,7 +215,7 @@ class EpochTracker(LockedState):
             # SuccessTracker's check of the rewards (it reads only success_threshold),
             # so both trackers accept and refuse the same batches.
             try:
-                wins = SuccessTracker._rewards(self, rewards, parsed.count)
+                wins = SuccessTracker.checked_rewards(self, rewards, parsed.count)
             except SeraOptError as exc:
                 raise SeraOptError(str(exc).replace("to SuccessTracker", "to EpochTracker")
                                    ) from None
@@ -278,7 +278,7 @@ class EpochTracker(LockedState):
                                 (self._pending_successes, self._pending_failures))
         return s, f
 
-    _repeated_ids = staticmethod(SuccessTracker._repeated_ids)
+    repeated_ids = staticmethod(SuccessTracker.repeated_ids)
 
     # ------------------------------------------------------------------ reads
     def prior_params(self) -> tuple[float, float]:
@@ -323,11 +323,11 @@ class EpochTracker(LockedState):
         """The frozen Beta posterior ``(alpha0 + S, beta0 + F)`` of each prompt (float64)."""
         return self._read(parse_prompt_ids(prompt_ids), posterior=True)[3]
 
-    def _estimate_and_repeats(self, prompt_ids, *, posterior: bool = False):
-        """:meth:`estimate` and :meth:`_repeated_ids` of ``prompt_ids`` and, with
+    def estimate_and_repeats(self, prompt_ids, *, posterior: bool = False):
+        """:meth:`estimate` and :meth:`repeated_ids` of ``prompt_ids`` and, with
         ``posterior``, :meth:`posterior` (else None) from one lookup; returns
         ``(estimates, repeats, examples, posterior)`` as
-        :meth:`SuccessTracker._estimate_and_repeats` does. When every id has a slot the
+        :meth:`SuccessTracker.estimate_and_repeats` does. When every id has a slot the
         ids repeat exactly where their slots do, so the slots are checked."""
         parsed = parse_prompt_ids(prompt_ids)
         slots, missing, means, post = self._read(parsed, posterior=posterior)
@@ -335,7 +335,7 @@ class EpochTracker(LockedState):
             ordered = np.sort(slots)
             if not (ordered[1:] == ordered[:-1]).any():
                 return means, 0, [], post
-        repeats, examples = self._repeated_ids(parsed)
+        repeats, examples = self.repeated_ids(parsed)
         return means, repeats, examples, post
 
     def __len__(self) -> int:

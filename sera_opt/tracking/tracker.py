@@ -254,7 +254,7 @@ class SuccessTracker(LockedState):
         }
 
     # ------------------------------------------------------------------ evidence
-    def _rewards(self, rewards, n: int) -> np.ndarray:
+    def checked_rewards(self, rewards, n: int) -> np.ndarray:
         """Successes (bool, contiguous) from the rewards of ``n`` rollouts; changes nothing."""
         r = one_d(rewards, "rewards", per=" (one per rollout)")
         if r.shape[0] != n:
@@ -305,7 +305,7 @@ class SuccessTracker(LockedState):
         with self._lock:
             # The lookup and the insert of new ids are one step: another thread
             # must not insert the same new id in between.
-            successes = self._rewards(rewards, parsed.count)
+            successes = self.checked_rewards(rewards, parsed.count)
             slots, missing = self._index.lookup(parsed)
             if missing:
                 self._evidence.reserve(missing)
@@ -321,7 +321,7 @@ class SuccessTracker(LockedState):
             return self._evidence.read(self._index.lookup(parsed)[0])
 
     @staticmethod
-    def _repeated_ids(prompt_ids) -> tuple[int, list]:
+    def repeated_ids(prompt_ids) -> tuple[int, list]:
         """How many distinct ids occur more than once in ``prompt_ids``, and up to three of them.
 
         Reads no tracker state. Integers are sorted (several times faster than hashing
@@ -389,13 +389,13 @@ class SuccessTracker(LockedState):
                 post = (a0 + s, b0 + f)
         return slots, missing, estimates, post
 
-    def _estimate_and_repeats(self, prompt_ids, *, posterior: bool = False):
-        """:meth:`estimate` and :meth:`_repeated_ids` of ``prompt_ids``, and with
+    def estimate_and_repeats(self, prompt_ids, *, posterior: bool = False):
+        """:meth:`estimate` and :meth:`repeated_ids` of ``prompt_ids``, and with
         ``posterior`` also :meth:`posterior` (else None), from one lookup: when every id
         has a slot, the ids repeat exactly where their slots do, so the check sorts the
         slots (integers) instead of hashing the ids again (for string ids, a scratch
         index cost about a fifth of a planner's step at 1,024 prompts). A batch with
-        unseen or repeated ids takes :meth:`_repeated_ids` (the same answer, and its
+        unseen or repeated ids takes :meth:`repeated_ids` (the same answer, and its
         examples). Returns ``(estimates, repeats, examples, posterior)``."""
         parsed = parse_prompt_ids(prompt_ids)
         slots, missing, means, post = self._read(parsed, means=True, posterior=posterior)
@@ -403,7 +403,7 @@ class SuccessTracker(LockedState):
             ordered = np.sort(slots)
             if not (ordered[1:] == ordered[:-1]).any():
                 return means, 0, [], post
-        repeats, examples = self._repeated_ids(parsed)
+        repeats, examples = self.repeated_ids(parsed)
         return means, repeats, examples, post
 
     def __len__(self) -> int:

@@ -29,12 +29,6 @@ if has_module("trl"):
     import sera_opt
     from sera_opt import checked_state
     from sera_opt.exceptions import SeraOptError, SeraOptWarning
-    from sera_opt.integrations._trl_tiny import (
-        build_tiny_model,
-        build_tokenizer,
-        copy_digit_reward,
-        make_prompts,
-    )
     from sera_opt.integrations.trl import (
         LOSS_TYPE_TO_MODE,
         PLANNER_STATE_FILE,
@@ -43,6 +37,12 @@ if has_module("trl"):
         default_planner,
         loss_mode,
         stable_prompt_id,
+    )
+    from sera_opt.integrations.trl_tiny import (
+        build_tiny_model,
+        build_tokenizer,
+        copy_digit_reward,
+        make_prompts,
     )
 
     class _RecordingTrainer(SeraGRPOTrainer):
@@ -487,7 +487,7 @@ torch.set_num_threads(1)
 import sera_opt
 from datasets import Dataset
 from trl import GRPOConfig
-from sera_opt.integrations._trl_tiny import build_tiny_model, build_tokenizer, copy_digit_reward, make_prompts
+from sera_opt.integrations.trl_tiny import build_tiny_model, build_tokenizer, copy_digit_reward, make_prompts
 from sera_opt.integrations.trl import SeraGRPOTrainer
 
 calls = []

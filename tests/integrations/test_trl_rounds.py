@@ -24,8 +24,8 @@ if has_module("trl"):
 
     import sera_opt
     from sera_opt.exceptions import SeraOptError
-    from sera_opt.integrations._trl_tiny import build_tiny_model, build_tokenizer, make_prompts
     from sera_opt.integrations.trl import SeraGRPOTrainer
+    from sera_opt.integrations.trl_tiny import build_tiny_model, build_tokenizer, make_prompts
     from tests.integrations.test_trl import (
         _DDP_SCRIPT,
         NUM_GENERATIONS,

@@ -1682,7 +1682,7 @@ _ENGINE_SCRIPT = """
 import json, logging, sys, traceback
 import torch.distributed as dist
 from transformers import Qwen2Config, Qwen2ForCausalLM
-from sera_opt.integrations._trl_tiny import build_tokenizer
+from sera_opt.integrations.trl_tiny import build_tokenizer
 
 path = sys.argv[1]
 tokenizer = build_tokenizer()
