@@ -370,3 +370,177 @@ def test_the_preset_planner_round_trips_its_state():
     planner.end_epoch()
     restored.end_epoch()
     np.testing.assert_array_equal(restored.plan(ids, 48).counts, planner.plan(ids, 48).counts)
+
+
+# ------------------------------------------------------------------ the compiled bisection
+@st.composite
+def waterline_rows(draw, max_prompts=700):
+    """Rates, float bounds (scalar or per prompt), offset, a budget between the bounds'
+    sums (the bounds themselves included) and the bisection's starting bracket."""
+    m = draw(st.integers(1, max_prompts))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    kind = draw(st.sampled_from(["uniform", "edges", "ties"]))
+    if kind == "uniform":
+        p = rng.uniform(1e-6, 1 - 1e-6, m)
+    elif kind == "edges":
+        p = rng.choice([1e-12, 1e-9, 1e-4, 0.5, 0.9999, 1 - 1e-9, 1 - 1e-12], m)
+    else:
+        p = rng.choice([0.2, 0.5, 0.8], m)
+    c = draw(st.sampled_from([0, 1]))
+    if draw(st.booleans()):
+        lo = np.full(m, float(draw(st.integers(c + 1, 4))))
+        hi = lo + float(draw(st.integers(0, 40)))
+    else:
+        lo = rng.integers(c + 1, 5, m).astype(np.float64)
+        hi = lo + rng.integers(0, 40, m)
+    where = draw(st.sampled_from([0.0, 1.0, None]))
+    fraction = rng.uniform() if where is None else where
+    budget = float(np.floor(lo.sum() + fraction * (hi.sum() - lo.sum())))
+    rates = -np.log1p(-p)
+    floor = float(np.min((lo - c) * rates))
+    log_low = float(np.log(floor)) if floor > 0.0 else float(np.log(np.nextafter(0.0, 1.0)))
+    log_high = float(np.log(float(np.max((hi - c) * rates))))
+    return rates, lo, hi, float(c), budget, log_low, log_high
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(row=waterline_rows(), level=st.floats(1e-6, 1e3))
+def test_the_compiled_total_is_numpys_sum_bit_for_bit(row, level):
+    from sera_opt import _jit
+
+    rates, lo, hi, c, _, _, _ = row
+    kernel = _jit.kernels("sera_opt.kernels.active").pairwise_total
+    expected = float(np.sum(np.clip(c + level / rates, lo, hi)))
+    got = kernel(rates, lo, hi, False, c, level, 0, rates.size)
+    assert got == expected, (got, expected, rates.size)
+    if np.all(lo == lo[0]) and np.all(hi == hi[0]):
+        assert kernel(rates, lo[:1], hi[:1], True, c, level, 0, rates.size) == expected
+
+
+@pytest.mark.parametrize("size", [1, 7, 8, 9, 127, 128, 129, 135, 136, 1000, 8192, 8193,
+                                  100_003])
+def test_the_compiled_total_follows_numpys_pairwise_tree_at_every_size(size):
+    from sera_opt import _jit
+
+    rng = np.random.default_rng(size)
+    rates = rng.uniform(1e-3, 10.0, size)
+    lo, hi = np.full(size, 2.0), np.full(size, 1e9)
+    level = float(rng.uniform(0.5, 3.0))
+    expected = float(np.sum(np.clip(1.0 + level / rates, lo, hi)))
+    got = _jit.kernels("sera_opt.kernels.active").pairwise_total(
+        rates, lo, hi, False, 1.0, level, 0, size)
+    assert got == expected, (got, expected)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(row=waterline_rows())
+def test_the_compiled_bisection_ends_where_numpys_does(row):
+    from sera_opt.policies import active
+
+    rates, lo, hi, c, budget, log_low, log_high = row
+    expected = active._bisect_python(rates, lo, hi, c, budget, log_low, log_high)
+    got = active._bisect_log_level(rates, lo, hi, c, budget, log_low, log_high)
+    assert got == expected, (got, expected)
+
+
+def test_a_level_that_differs_from_numpys_exp_is_checked_and_corrected(monkeypatch):
+    """A kernel whose exp is off (here by a relative 1e-3, which flips many of its steps)
+    still gives numpy's bisection: each step whose level differs from ``np.exp`` is
+    summed again at numpy's level, and the search goes on from the first flipped one."""
+    from sera_opt import _jit
+    from sera_opt.policies import active
+
+    kernels = _jit.kernels("sera_opt.kernels.active")
+    calls = []
+
+    def wrong_exp_bisect(rates, lo, hi, uniform, offset, budget, first, log_low, log_high,
+                         lows, highs, mids, levels, above):
+        calls.append(first)
+        for step in range(first, mids.size):
+            lows[step], highs[step] = log_low, log_high
+            mid = 0.5 * (log_low + log_high)
+            level = float(np.exp(mid)) * (1.0 + 1e-3)
+            mids[step], levels[step] = mid, level
+            above[step] = float(np.sum(np.clip(offset + level / rates, lo, hi))) > budget
+            log_low, log_high = (log_low, mid) if above[step] else (mid, log_high)
+        return log_low
+
+    class Patched:
+        bisect = staticmethod(wrong_exp_bisect)
+        pairwise_total = kernels.pairwise_total
+
+    monkeypatch.setattr(_jit, "kernels", lambda name: Patched)
+    rng = np.random.default_rng(5)
+    for size in (3, 200, 5000):
+        rates = -np.log1p(-rng.uniform(1e-3, 1 - 1e-3, size))
+        lo, hi = np.full(size, 2.0), np.full(size, 32.0)
+        budget = float(8 * size)
+        log_low = float(np.log(np.min(rates)))
+        log_high = float(np.log(np.max(31.0 * rates)))
+        expected = active._bisect_python(rates, lo, hi, 1.0, budget, log_low, log_high)
+        calls.clear()
+        assert active._bisect_log_level(rates, lo, hi, 1.0, budget, log_low, log_high) == expected
+        assert len(calls) > 1, "the wrong levels flipped no step: the test checks nothing"
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=st.lists(st.sampled_from([-1.0, -0.0, 0.0, 0.25, 1.0, 3.0]) | st.floats(-5, 5),
+                       min_size=1, max_size=60), data=st.data())
+def test_the_least_growth_picks_are_the_sorted_ones(values, data):
+    from sera_opt.policies import active
+
+    growth = np.array(values)
+    count = data.draw(st.integers(1, growth.size))
+    expected = np.lexsort((np.arange(growth.size), growth))[:count]
+    got = active._least(growth, count)
+    np.testing.assert_array_equal(np.sort(got), np.sort(expected))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=batches(max_prompts=300), rounding=st.sampled_from(["paper", "exact"]),
+       threshold=st.sampled_from([0.0, 0.05, 0.3]), bounds=st.sampled_from(["scalar", "per"]))
+def test_the_search_gives_the_counts_of_probing_every_prefix(case, rounding, threshold,
+                                                             bounds):
+    """The active set without shortcuts: every probe solved by the policy's own solver,
+    on the top-k prompts in batch order, for larger batches than the slow reference takes."""
+    from sera_opt.policies.active import mixed_group_chance
+
+    p, budget, lo, hi = case
+    m = p.size
+    hi_all = np.full(m, hi) if bounds == "scalar" else np.random.default_rng(m).integers(
+        lo, hi + 1, m)
+    policy = get_policy("sera", offset=1, min_rollouts=lo, max_rollouts=hi_all,
+                        active_threshold=threshold, rounding=rounding)
+    alloc = policy.allocate(p, budget)
+    plain = get_policy("sera", offset=1, rounding=rounding)
+    u = mixed_group_chance(p, hi_all)
+    ranked = np.argsort(-u, kind="stable")
+    caps = np.cumsum(hi_all[ranked])
+    required = int(np.searchsorted(caps, budget, side="left")) + 1
+    eligible = int(np.count_nonzero(u >= threshold))
+
+    def allocate(k):
+        index = np.sort(ranked[:k])
+        counts = plain.allocate(p[index], budget, min_rollouts=lo,
+                                max_rollouts=hi_all[index]).counts
+        chance = mixed_group_chance(p[index], counts)
+        return index, counts, bool(np.all(chance >= threshold - 1e-12))
+
+    chosen = required
+    if eligible >= required:
+        low, high = required, min(eligible, budget // lo)
+        while low <= high:
+            middle = (low + high) // 2
+            if allocate(middle)[2]:
+                chosen, low = middle, middle + 1
+            else:
+                high = middle - 1
+    index, counts, useful = allocate(chosen)
+    expected = np.zeros(m, dtype=np.int64)
+    expected[index] = counts
+    np.testing.assert_array_equal(alloc.counts, expected)
+    np.testing.assert_array_equal(alloc.active_set.index, index)
+    forced = 0 if useful else int(np.count_nonzero(
+        mixed_group_chance(p[index], counts) < threshold - 1e-12))
+    assert alloc.active_set.forced == forced

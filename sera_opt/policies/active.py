@@ -37,6 +37,8 @@ ROUNDINGS = ("exact", "paper")
 _USEFUL_SLACK = 1e-12
 # The authors' bisection runs a fixed number of halvings of log(level).
 _BISECTION_STEPS = 100
+# Below this many prompts numpy's bisection is as quick as the compiled one's call.
+_COMPILED_FROM = 0
 
 
 def check_active_threshold(value) -> float | None:
@@ -113,13 +115,7 @@ def paper_rounding(problem: AllocationProblem) -> tuple[np.ndarray, np.ndarray, 
     log_low = float(np.log(floor)) if floor > 0.0 else float(np.log(np.nextafter(0.0, 1.0)))
     log_high = float(np.log(float(np.max(high_room * r))))
     lo_in, hi_in = lo[inner], hi[inner]
-    for _ in range(_BISECTION_STEPS):
-        log_mid = 0.5 * (log_low + log_high)
-        level = float(np.exp(log_mid))
-        if float(np.sum(np.clip(c + level / r, lo_in, hi_in))) > left_budget:
-            log_high = log_mid
-        else:
-            log_low = log_mid
+    log_low = _bisect_log_level(r, lo_in, hi_in, c, left_budget, log_low, log_high)
     level = float(np.exp(log_low))
     continuous = fixed.copy()
     continuous[inner] = np.clip(c + level / r, lo_in, hi_in)
@@ -136,9 +132,72 @@ def paper_rounding(problem: AllocationProblem) -> tuple[np.ndarray, np.ndarray, 
         now = -np.expm1(log_failure * (counts[room] - c))
         after = -np.expm1(log_failure * (counts[room] + 1 - c))
         growth = (after - target) ** 2 - (now - target) ** 2
-        order = np.lexsort((room, growth))
-        counts[room[order[:left]]] += 1
+        counts[room[_least(growth, left)]] += 1
     return counts, continuous, level
+
+
+def _bisect_python(r, lo_in, hi_in, c, left_budget, log_low, log_high, first=0):
+    """The authors' bisection of ``log(level)`` (steps ``first ..``), in numpy: the
+    reference that :func:`_bisect_log_level` repeats bit for bit."""
+    for _ in range(first, _BISECTION_STEPS):
+        log_mid = 0.5 * (log_low + log_high)
+        level = float(np.exp(log_mid))
+        if float(np.sum(np.clip(c + level / r, lo_in, hi_in))) > left_budget:
+            log_high = log_mid
+        else:
+            log_low = log_mid
+    return log_low
+
+
+def _bisect_log_level(r, lo_in, hi_in, c, left_budget, log_low, log_high):
+    """:func:`_bisect_python`'s lower end, from compiled passes.
+
+    The kernel's sums are numpy's (the same pairwise order), its ``exp`` may differ from
+    numpy's in the last bit: every step whose level differs from ``np.exp`` of its midpoint
+    is summed again at numpy's level, and where that changes the step's comparison the
+    bisection goes on from there with numpy's decision."""
+    if r.size < _COMPILED_FROM:
+        return _bisect_python(r, lo_in, hi_in, c, left_budget, log_low, log_high)
+    from .. import _jit
+
+    kernels = _jit.kernels("sera_opt.kernels.active")
+    steps = _BISECTION_STEPS
+    lows, highs, mids, levels = (np.empty(steps) for _ in range(4))
+    above = np.empty(steps, dtype=np.bool_)
+    r = np.ascontiguousarray(r, dtype=np.float64)
+    lo_in = np.ascontiguousarray(lo_in, dtype=np.float64)
+    hi_in = np.ascontiguousarray(hi_in, dtype=np.float64)
+    first = 0
+    while True:
+        end = kernels.bisect(r, lo_in, hi_in, False, float(c), float(left_budget), first,
+                             float(log_low), float(log_high), lows, highs, mids, levels, above)
+        exact = np.exp(mids[first:])
+        for step in (np.flatnonzero(exact != levels[first:]) + first).tolist():
+            level = float(exact[step - first])
+            total = float(kernels.pairwise_total(r, lo_in, hi_in, False, float(c), level, 0,
+                                                 r.size))
+            over = total > left_budget
+            if over != bool(above[step]):
+                log_mid = float(mids[step])
+                log_low, log_high = (float(lows[step]), log_mid) if over else (
+                    log_mid, float(highs[step]))
+                first = step + 1
+                break
+        else:
+            return float(end)
+        if first == steps:
+            return log_low
+
+
+def _least(growth: np.ndarray, count: int) -> np.ndarray:
+    """The positions of the ``count`` smallest ``growth`` (ties: the lower position):
+    ``np.lexsort((positions, growth))[:count]`` as a set, without sorting all of them."""
+    if count >= growth.size or np.isnan(growth).any():
+        return np.lexsort((np.arange(growth.size), growth))[:count]
+    cut = np.partition(growth, count - 1)[count - 1]
+    below = np.flatnonzero(growth < cut)
+    tied = np.flatnonzero(growth == cut)[:count - below.size]
+    return np.concatenate((below, tied))
 
 
 def _reasons_off(p: np.ndarray) -> np.ndarray:
@@ -219,13 +278,24 @@ def allocate_with_active_set(problem: AllocationProblem, threshold: float,
             cache[k] = (inner, index, bool(np.all(chance >= slack)))
         return cache[k]
 
+    # A prefix holding no at-risk prompt is useful whatever its counts: such probes are
+    # answered without solving them (the search then takes the same steps). Prompts with
+    # p = 0 or 1 can make a solve refuse its prefix, so with them every probe is solved.
+    risky_ranks = np.flatnonzero(at_risk[ranked])
+    first_risky = int(risky_ranks[0]) if risky_ranks.size else candidates
+    if np.any((p == 0.0) | (p == 1.0)):
+        first_risky = 0
+
+    def useful(k: int) -> bool:
+        return k <= first_risky or probe(k)[2]
+
     chosen = required
     if eligible >= required:
         low, high = required, min(eligible, most)
         best = None
         while low <= high:
             middle = (low + high) // 2
-            if probe(middle)[2]:
+            if useful(middle):
                 best, low = middle, middle + 1
             else:
                 high = middle - 1
