@@ -89,13 +89,15 @@ def test_the_first_counts_in_the_readme_are_the_solvers():
 
 def test_the_first_screen_answers_a_newcomers_questions():
     """What it is, whether to use it (the default and the evidence), how to get it (clone,
-    then the two commands) and a runnable example, in README's first 60 lines."""
+    then the two commands) and a runnable example, in README's first 40 lines."""
     import sera_opt
 
     lines = README.read_text().splitlines()
-    first = "\n".join(lines[:60])
+    first = "\n".join(lines[:40])
     assert "git clone" in first, "README must say to clone before installing"
     assert "RolloutPlanner()" in first and sera_opt.planner.DEFAULT_POLICY == "uniform"
+    assert f'DEFAULT_POLICY = "{sera_opt.planner.DEFAULT_POLICY}"' in first, "README must name the default"
+    assert "paper_sera()" in first, "the first screen must say what the next runs are"
     assert "same number of rollouts" in first, "the default must be stated on the first screen"
     assert "## Quick start" in first and "sera-opt demo" in first and "python -m pytest" in first
     assert not re.search(r"\b[0-9a-f]{7,40}\b", README.read_text()), "no commit hash in README"
