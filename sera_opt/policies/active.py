@@ -60,6 +60,12 @@ def mixed_group_chance(success_probs, counts) -> np.ndarray:
     nor all successes (0 for ``n = 0``), clipped to [0, 1]."""
     p = np.asarray(success_probs, dtype=np.float64)
     n = np.asarray(counts, dtype=np.int64)
+    if n.shape == p.shape and p.ndim == 1 and (not n.size or int(n.min()) > 0):
+        # Every count positive: the same operations on the same elements, without the
+        # masks (an active-set search calls this at every probe).
+        chance = 1.0 - np.power(1.0 - p, n) - np.power(p, n)
+        np.clip(chance, 0.0, 1.0, out=chance)
+        return chance
     n = np.broadcast_to(n, p.shape)
     chance = np.zeros(p.shape, dtype=np.float64)
     positive = n > 0
