@@ -396,7 +396,7 @@ def test_a_users_result_is_rebuilt_from_its_counts():
 
 
 def test_a_new_policy_plugs_in_by_registering():
-    from sera_opt.policies.base import POLICIES
+    from sera_opt.policies.registry import POLICIES
 
     sera_opt.register_policy(LogSharePolicy)
     try:

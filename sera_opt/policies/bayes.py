@@ -24,7 +24,8 @@ from ..exceptions import SeraOptError
 from ..problem import AllocationProblem, owned_read_only, validate_real
 from ..result import Allocation
 from ..separable import BetaLevels, PointLevels, expected_factors, validate_beta_posterior
-from .base import DEFAULT_MAX_RATIO, SeparablePolicy, register_policy
+from .base import DEFAULT_MAX_RATIO, SeparablePolicy
+from .registry import register_policy
 
 __all__ = ["PosteriorPolicy", "SERABayesPolicy", "expected_factors"]
 

@@ -14,7 +14,8 @@ from ..separable import SeparableObjective
 from ..separable.tiers import even_increments, even_split
 from ..solvers.base import SOLVERS, get_solver, is_registered
 from ..solvers.waterline import WaterlineSolver, allocate_batch
-from .base import DEFAULT_MAX_RATIO, AllocationPolicy, register_policy, unknown_option_error
+from .base import DEFAULT_MAX_RATIO, AllocationPolicy, unknown_option_error
+from .registry import register_policy
 
 __all__ = ["SERAPolicy", "PaperSERAPolicy", "UniformPolicy", "EvenCounts", "uniform_counts"]
 

@@ -6,7 +6,8 @@ import math
 
 from ..problem import AllocationProblem
 from ..separable import AlphaFairUtility, PointLevels, check_alpha
-from .base import DEFAULT_MAX_RATIO, SeparablePolicy, register_policy
+from .base import DEFAULT_MAX_RATIO, SeparablePolicy
+from .registry import register_policy
 
 __all__ = ["SERAFairPolicy"]
 

@@ -23,8 +23,9 @@ from ..separable import (
     PointHitUtility,
     RLOOVariance,
 )
-from .base import SeparablePolicy, register_policy
+from .base import SeparablePolicy
 from .bayes import PosteriorPolicy
+from .registry import register_policy
 
 __all__ = ["KnapsackPolicy", "VIPPolicy", "HORAPolicy", "GVMPolicy", "gvm_weights"]
 
