@@ -10,7 +10,9 @@ and is the one list of the objectives' kind numbers.
   :mod:`.gains` (per-kind gains, from :mod:`.betamath`), :mod:`.crossing` (a row's
   crossing of a value), :mod:`.bracket` and :mod:`.general`, :mod:`.selection` and
   :mod:`.floatkeys`; :mod:`.closed`: the closed-form engine's entry kernels, one per
-  opening of its bracket (:func:`.kinds.closed_entry` chooses).
+  opening of its bracket (:func:`.kinds.closed_entry` chooses), over :mod:`.handout`
+  (rollouts handed out from a heap or by water fill) and :mod:`.memo` (rows with equal
+  parameters).
 """
 
 

@@ -15,23 +15,15 @@ from .crossing import row_crossing, settled_start
 from .floatkeys import counts_from, float_key, float_key_below, float_unkey
 from .gains import gain, pass_constant
 from .general import select_spare
+from .handout import hand_out, room, water_fill
 from .kinds import CLOSED_SUBSAMPLE_FROM, KNAPSACK, STEPWISE_MAX_SPARE
+from .memo import memo_entry, memo_new, memo_store
 from .selection import kth_largest, pick_ties, take_beyond
 
 _INF = np.inf
 
 __all__ = ["CLOSED_SUBSAMPLE_FROM", "bracket_solve", "closed_counts_sampled_exact",
            "closed_solve", "collect_solve", "stepwise_counts", "strided_subsample"]
-
-# The memo of rows with equal parameters (see _closed_count and _memo_new): 64
-# entries, indexed by the top bits of a multiplicative hash of the parameters' bits.
-_MEMO_SIZE = 64
-
-
-_MEMO_SHIFT = np.uint64(58)
-
-
-_MIX = np.uint64(0x9E3779B97F4A7C15)
 
 #: :func:`closed_solve` narrows a bracket opened on the extremes to at most
 #: ``max(HEAP_MIN, M / 8)`` steps before it hands them out from its heap (a pass costs
@@ -51,41 +43,6 @@ def _closed_crossing(kind, x0, x1, x2, c, lam, aux, floor, ceil):
     return k
 
 
-@njit(cache=True, error_model="numpy", inline="always")
-def _memo_new():
-    """An empty memo of rows with equal parameters (direct-mapped, ``_MEMO_SIZE`` entries of
-    the parameters' bits, two integers that must also match, and the value stored), and
-    the bit-cast buffers its lookups use."""
-    fbuf = np.empty(3, dtype=np.float64)
-    return np.full((_MEMO_SIZE, 6), -1, dtype=np.int64), fbuf, fbuf.view(np.int64)
-
-
-@njit(cache=True, error_model="numpy", inline="always")
-def _memo_entry(memo, x0, x1, x2, u, v, fbuf, ibuf):
-    """The memo entry of a row's parameters and ``(u, v)``, and the value it holds for them
-    (-1 when it holds none, or another row's)."""
-    fbuf[0] = x0
-    fbuf[1] = x1
-    fbuf[2] = x2
-    entry = memo[np.int64(((np.uint64(ibuf[0]) ^ (np.uint64(ibuf[1]) * _MIX)
-                            ^ np.uint64(ibuf[2])) * _MIX) >> _MEMO_SHIFT)]
-    if (entry[0] == ibuf[0] and entry[1] == ibuf[1] and entry[2] == ibuf[2]
-            and entry[3] == u and entry[4] == v):
-        return entry, entry[5]
-    return entry, np.int64(-1)
-
-
-@njit(cache=True, error_model="numpy", inline="always")
-def _memo_store(entry, ibuf, u, v, value):
-    """Store ``value`` for the parameters whose bits :func:`_memo_entry` left in ``ibuf``."""
-    entry[0] = ibuf[0]
-    entry[1] = ibuf[1]
-    entry[2] = ibuf[2]
-    entry[3] = u
-    entry[4] = v
-    entry[5] = value
-
-
 @njit(cache=True, error_model="numpy")
 def _closed_count(kind, p0, p1, p2, c, lo, hi, lam, ends, slot):
     """``sum_i #{steps of row i with gain > lam}`` in one pass over the parameters; each
@@ -98,7 +55,7 @@ def _closed_count(kind, p0, p1, p2, c, lo, hi, lam, ends, slot):
     # Prompts with equal parameters and bounds (equal estimates: common in training
     # batches) cross at the same step, so those rows are settled once per pass, through
     # a small direct-mapped memo keyed on the parameters' bits.
-    memo, fbuf, ibuf = _memo_new()
+    memo, fbuf, ibuf = memo_new()
     total = 0
     for i in range(lo.shape[0]):
         k = lo[i]
@@ -108,13 +65,13 @@ def _closed_count(kind, p0, p1, p2, c, lo, hi, lam, ends, slot):
             x2 = p2[i]
             k, settled = settled_start(kind, x0, x1, x2, c, lam, aux, lo[i], hi[i])
             if not settled:
-                entry, known_k = _memo_entry(memo, x0, x1, x2, lo[i], hi[i], fbuf, ibuf)
+                entry, known_k = memo_entry(memo, x0, x1, x2, lo[i], hi[i], fbuf, ibuf)
                 if known_k >= 0:
                     k = known_k
                 else:
                     k, _, _ = row_crossing(kind, x0, x1, x2, c, lam, lo[i], hi[i], k, np.nan,
                                         np.nan)
-                    _memo_store(entry, ibuf, lo[i], hi[i], k)
+                    memo_store(entry, ibuf, lo[i], hi[i], k)
             total += k - lo[i]
         if keep:
             out[i] = k
@@ -311,7 +268,7 @@ def _closed_level(kind, p0, p1, p2, c, lo, hi, spare, fbuf, ibuf):
     closed-form search stopped once its bracket holds an eighth of the rows' steps, or
     after eight passes (tied gains do not narrow): a trial value for the full problem,
     so it need not be exact."""
-    total = _room(lo, hi)
+    total = room(lo, hi)
     passes = np.zeros(1, dtype=np.int64)
     ends, slot, known = _closed_ends(lo, hi, _NO, np.empty((3, 0), dtype=np.int64))
     key_a, key_b, c_a, c_b = _closed_extremes(kind, p0, p1, p2, c, lo, hi, spare, total, fbuf,
@@ -339,53 +296,6 @@ def _closed_level(kind, p0, p1, p2, c, lo, hi, spare, fbuf, ibuf):
 # problems, whose subsample is solved by the general engine.
 
 
-@njit(cache=True, error_model="numpy", inline="always")
-def _room(lo, hi):
-    """``sum(hi - lo)``, the most rollouts the rows can take above their minimums. A typed
-    integer from the start: while the literal 0 is all numba knows of an accumulator, a
-    call that passes it is compiled for ``Literal[int](0)``, and then again for int64."""
-    total = np.int64(0)
-    for i in range(lo.shape[0]):
-        total += hi[i] - lo[i]
-    return total
-
-
-@njit(cache=True, error_model="numpy", inline="always")
-def _step_before(g, k, i, h, k_h, i_h):
-    """Whether step ``(g, k, i)`` (gain, count, row) goes before ``(h, k_h, i_h)``: the
-    larger gain, then fewer rollouts, then the lower index (the tie rule of sums)."""
-    if g != h:
-        return g > h
-    if k != k_h:
-        return k < k_h
-    return i < i_h
-
-
-@njit(cache=True, error_model="numpy", inline="always")
-def _sift_step(heap, gains, counts, root, size):
-    """Sift the row at heap position ``root`` down the heap of rows ordered by their next
-    step (:func:`_step_before`)."""
-    row = heap[root]
-    g = gains[row]
-    k = counts[row]
-    while True:
-        child = 2 * root + 1
-        if child >= size:
-            break
-        best = heap[child]
-        if child + 1 < size:
-            other = heap[child + 1]
-            if _step_before(gains[other], counts[other], other, gains[best], counts[best],
-                            best):
-                child += 1
-                best = other
-        if not _step_before(gains[best], counts[best], best, g, k, row):
-            break
-        heap[root] = best
-        root = child
-    heap[root] = row
-
-
 @njit(cache=True, error_model="numpy")
 def stepwise_counts(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out):
     """The counts of :func:`closed_solve` (the same arguments and the same tie rule),
@@ -397,46 +307,14 @@ def stepwise_counts(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out):
     problems about as fast as the bracket search (see ``kinds.STEPWISE_MAX_SPARE``), and
     a small kernel, which numba compiles in a tenth of the bracket search's time.
     ``stats`` and ``work_i`` are not used (the same arguments as the other entries)."""
-    total = _room(lo, hi)
+    total = room(lo, hi)
     if spare <= 0:
         return counts_from(lo, out)
     if spare >= total:
         return counts_from(hi, out)
     counts = counts_from(lo, out)
-    _hand_out(kind, p0, p1, p2, c, counts, hi, spare)
+    hand_out(kind, p0, p1, p2, c, counts, hi, spare)
     return counts
-
-
-@njit(cache=True, error_model="numpy")
-def _hand_out(kind, p0, p1, p2, c, counts, stops, need):
-    """Add ``need`` steps to ``counts`` one at a time, each to the row whose next step has
-    the largest gain (then fewer rollouts, then the lower index), from a binary heap over
-    the rows with ``counts < stops``; ``need`` must not exceed ``sum(stops - counts)``.
-    Returns how many gains it evaluated."""
-    m = counts.shape[0]
-    gains = np.empty(m, dtype=np.float64)
-    heap = np.empty(m, dtype=np.int64)
-    size = 0
-    for i in range(m):
-        if stops[i] > counts[i]:
-            gains[i] = gain(kind, p0[i], p1[i], p2[i], c, counts[i])
-            heap[size] = i
-            size += 1
-    evaluated = size
-    for root in range(size // 2 - 1, -1, -1):
-        _sift_step(heap, gains, counts, root, size)
-    for _ in range(need):
-        row = heap[0]
-        counts[row] += 1
-        if counts[row] < stops[row]:
-            gains[row] = gain(kind, p0[row], p1[row], p2[row], c, counts[row])
-            evaluated += 1
-        else:
-            size -= 1
-            heap[0] = heap[size]
-        if size > 0:
-            _sift_step(heap, gains, counts, 0, size)
-    return evaluated
 
 
 def _subsample_opening(exact: bool, name: str):
@@ -532,7 +410,7 @@ def closed_counts_sampled_exact(kind, p0, p1, p2, c, lo, hi, spare, stats, work_
     the same tie rule)."""
     fbuf = np.empty(1, dtype=np.float64)
     ibuf = fbuf.view(np.int64)
-    total = _room(lo, hi)
+    total = room(lo, hi)
     if spare <= 0:
         return counts_from(lo, out)
     if spare >= total:
@@ -592,7 +470,7 @@ def collect_solve(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out):
     step. :func:`closed_solve` calls it for Knapsack, whose gain costs two exponentials
     (the same arguments, tie rule and edge cases as :func:`bracket_solve`). An entry of
     its own, so that neither search compiles the other's finish."""
-    total = _room(lo, hi)
+    total = room(lo, hi)
     if spare <= 0:
         return counts_from(lo, out)
     if spare >= total:
@@ -625,7 +503,7 @@ def bracket_solve(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out):
     sum(hi - lo)``.
     """
     m = lo.shape[0]
-    total = _room(lo, hi)
+    total = room(lo, hi)
     if spare <= 0:
         return counts_from(lo, out)
     if spare >= total:
@@ -657,12 +535,12 @@ def bracket_solve(kind, p0, p1, p2, c, lo, hi, spare, stats, work_i, out):
         # A plateau: every gain in the bracket equals value_a, so the tie rule alone
         # orders them (a batch of equal estimates, such as a first plan's).
         stats[1] = 0
-        return _water_fill(starts, stops, need, out)
+        return water_fill(starts, stops, need, out)
     counts = counts_from(starts, out)
     if need == 0:
         return counts
     # The steps left in the bracket, in the order of all steps sorted by gain.
-    evaluated = _hand_out(kind, p0, p1, p2, c, counts, stops, need)
+    evaluated = hand_out(kind, p0, p1, p2, c, counts, stops, need)
     stats[1] = evaluated
     return counts
 
@@ -718,7 +596,7 @@ def _closed_finish(kind, p0, p1, p2, c, lo, hi, spare, stats, out, key_a, key_b,
             # As below: the bracket's per-row steps must hold what is left to hand out.
             raise RuntimeError("separable engine: the closed-form bracket does not hold "
                                "the threshold")
-        return _water_fill(starts, stops, spare - c_a, out)
+        return water_fill(starts, stops, spare - c_a, out)
     # Counts at a (all gains > a taken) and the gains in (b, a].
     counts = counts_from(starts, out)
     n_collect = 0
@@ -729,16 +607,16 @@ def _closed_finish(kind, p0, p1, p2, c, lo, hi, spare, stats, out, key_a, key_b,
     step = np.empty(n_collect, dtype=np.int64)
     # Rows with equal parameters and the same steps in the bracket have the same gains:
     # copied from the first such row (a memo as in _closed_count), not evaluated again.
-    memo, fbuf, ibuf = _memo_new()
+    memo, fbuf, ibuf = memo_new()
     e = 0
     for i in range(m):
         k0 = starts[i]
         k1 = stops[i]
         if k0 < k1:
-            entry, first = _memo_entry(memo, p0[i], p1[i], p2[i], k0, k1, fbuf, ibuf)
+            entry, first = memo_entry(memo, p0[i], p1[i], p2[i], k0, k1, fbuf, ibuf)
             same = first >= 0
             if not same:
-                _memo_store(entry, ibuf, k0, k1, e)
+                memo_store(entry, ibuf, k0, k1, e)
             for k in range(k0, k1):
                 if same:
                     vals[e] = vals[first + k - k0]
@@ -763,44 +641,4 @@ def _closed_finish(kind, p0, p1, p2, c, lo, hi, spare, stats, out, key_a, key_b,
         return counts
     nxt = np.zeros(e, dtype=np.float64)
     pick_ties(band, left, nxt, step, owner, False, counts)
-    return counts
-
-
-@njit(cache=True, error_model="numpy")
-def _water_fill(starts, stops, left, out):
-    """``starts`` plus ``left`` steps taken one at a time from the tied ranges
-    ``[starts_i, stops_i)``, the row with the fewest rollouts first, then the lower
-    index (the tie rule of sums)."""
-    m = starts.shape[0]
-    counts = counts_from(starts, out)
-    k_low = np.int64(0)
-    k_high = np.int64(0)
-    first = True
-    for i in range(m):
-        if stops[i] > starts[i]:
-            if first or starts[i] < k_low:
-                k_low = starts[i]
-            if first or stops[i] > k_high:
-                k_high = stops[i]
-            first = False
-    while k_low < k_high:
-        mid = k_low + (k_high - k_low + 1) // 2
-        s = 0
-        for i in range(m):
-            s += min(max(mid - starts[i], 0), stops[i] - starts[i])
-        if s <= left:
-            k_low = mid
-        else:
-            k_high = mid - 1
-    used = 0
-    for i in range(m):
-        add = min(max(k_low - starts[i], 0), stops[i] - starts[i])
-        counts[i] += add
-        used += add
-    for i in range(m):
-        if used == left:
-            break
-        if counts[i] == k_low and k_low < stops[i] and starts[i] <= k_low:
-            counts[i] += 1
-            used += 1
     return counts
