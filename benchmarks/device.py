@@ -25,7 +25,6 @@ saying so (exit status 2).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -86,27 +85,25 @@ def trl_bf16_steps(out: Path, steps: int) -> dict[str, Any]:
     """Train SeraGRPOTrainer as shipped for ``steps`` optimizer steps in bf16 on CUDA."""
     import tempfile
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    import torch
-    import transformers
-    from datasets import Dataset
-    from transformers import TrainerCallback
-    from transformers.trainer_callback import PrinterCallback
-    from trl import GRPOConfig
-
-    from sera_opt.integrations.trl import SeraGRPOTrainer
     from sera_opt.integrations.trl_tiny import (
         build_tiny_model,
         build_tokenizer,
         copy_digit_reward,
         make_prompts,
+        offline_transformers,
+        prompt_dataset,
     )
 
-    transformers.logging.set_verbosity_error()
+    offline_transformers()
+    import torch
+    from transformers import TrainerCallback
+    from transformers.trainer_callback import PrinterCallback
+    from trl import GRPOConfig
+
+    from sera_opt.integrations.trl import SeraGRPOTrainer
+
     tokenizer = build_tokenizer()
-    prompts = make_prompts(32, seed=0)
-    dataset = Dataset.from_dict({"prompt": prompts, "prompt_id": list(range(len(prompts)))})
+    dataset = prompt_dataset(make_prompts(32, seed=0))
     step_times: list[float] = []
 
     class Clock(TrainerCallback):

@@ -134,7 +134,6 @@ def _rounds_list(text: str) -> tuple[int, ...]:
 def _run(setting, *, steps: int, completion_length: int, seed: int,
          timers: _PartTimers) -> dict:
     """Train one fresh trainer for ``steps`` optimizer steps; its per-step timings."""
-    from datasets import Dataset
     from transformers import TrainerCallback
     from transformers.trainer_callback import PrinterCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -146,6 +145,7 @@ def _run(setting, *, steps: int, completion_length: int, seed: int,
         build_tokenizer,
         copy_digit_reward,
         make_prompts,
+        prompt_dataset,
     )
 
     base = GRPOTrainer if setting == PLAIN else SeraGRPOTrainer
@@ -179,8 +179,7 @@ def _run(setting, *, steps: int, completion_length: int, seed: int,
             generate_per_step.append((sum(calls), len(calls)))
 
     tokenizer = build_tokenizer()
-    prompts = make_prompts(4 * PROMPTS_PER_STEP, seed=seed)
-    dataset = Dataset.from_dict({"prompt": prompts, "prompt_id": list(range(len(prompts)))})
+    dataset = prompt_dataset(make_prompts(4 * PROMPTS_PER_STEP, seed=seed))
     with tempfile.TemporaryDirectory(prefix="sera_bench_trl_rounds_") as output_dir:
         config = GRPOConfig(
             output_dir=output_dir, use_cpu=True, bf16=False, report_to="none", seed=seed,

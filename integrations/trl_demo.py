@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -205,32 +204,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("--learning-rate must be a finite number above 0", file=sys.stderr)
         return 2
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from sera_opt.integrations.trl_tiny import (
+        build_tiny_model,
+        build_tokenizer,
+        copy_digit_reward,
+        make_prompts,
+        offline_transformers,
+        prompt_dataset,
+    )
 
+    offline_transformers()
     import torch
-    import transformers
-    from datasets import Dataset
     from transformers import TrainerCallback
     from transformers.trainer_callback import PrinterCallback
     from trl import GRPOConfig
 
     import sera_opt
     from sera_opt.integrations.trl import SeraGRPOTrainer
-    from sera_opt.integrations.trl_tiny import (
-        build_tiny_model,
-        build_tokenizer,
-        copy_digit_reward,
-        make_prompts,
-    )
 
-    transformers.logging.set_verbosity_error()
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
 
     tokenizer = build_tokenizer()
     model = build_tiny_model(tokenizer, seed=options.seed)
-    prompts = make_prompts(options.num_prompts, seed=options.seed)
-    dataset = Dataset.from_dict({"prompt": prompts, "prompt_id": list(range(len(prompts)))})
+    dataset = prompt_dataset(make_prompts(options.num_prompts, seed=options.seed))
 
     offset = sera_opt.ESTIMATOR_OFFSETS[options.estimator]
     max_rollouts = options.max_rollouts or 3 * options.num_generations

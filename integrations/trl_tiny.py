@@ -13,6 +13,7 @@ digits are easy: the planner has something to allocate.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -138,3 +139,25 @@ def copy_digit_reward(
         allowed = prompt.split(":", 1)[0]
         rewards.append(1.0 if completion[:1] != "" and completion[:1] in allowed else 0.0)
     return rewards
+
+
+def offline_transformers():
+    """Prepare transformers for an offline run of the tiny model: ``HF_HUB_OFFLINE=1`` and
+    ``TOKENIZERS_PARALLELISM=false`` unless already set (before transformers loads, so
+    nothing is downloaded), its logging at errors only. Returns the transformers module."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    return transformers
+
+
+def prompt_dataset(prompts: Sequence[str]):
+    """The prompts as the ``datasets.Dataset`` the trainers read: a ``prompt`` column and a
+    ``prompt_id`` column (each prompt's position in ``prompts``), the id the planner's
+    tracker keys its estimates by."""
+    from datasets import Dataset
+
+    prompts = list(prompts)
+    return Dataset.from_dict({"prompt": prompts, "prompt_id": list(range(len(prompts)))})
