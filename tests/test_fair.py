@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import sera_opt
 from sera_opt import SeraOptError, get_policy
-from sera_opt.solvers.separable import AlphaFairUtility
+from sera_opt.separable import AlphaFairUtility
 
 SETTINGS = settings(max_examples=60, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])

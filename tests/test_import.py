@@ -19,7 +19,7 @@ def test_import_loads_no_heavy_dependency():
 
 def test_public_names_resolve_to_the_objects_they_name():
     import sera_opt
-    from sera_opt import api, policies, problem, result, solvers
+    from sera_opt import api, policies, problem, result, separable, solvers
 
     expected = {
         "allocate": api.allocate, "waterline": api.waterline,
@@ -30,8 +30,8 @@ def test_public_names_resolve_to_the_objects_they_name():
         "UniformPolicy": policies.UniformPolicy, "get_policy": policies.get_policy,
         "policy_from_config": policies.policy_from_config,
         "DEFAULT_MAX_RATIO": policies.DEFAULT_MAX_RATIO, "get_solver": solvers.get_solver,
-        "SeparableObjective": solvers.separable.SeparableObjective,
-        "solve_separable": solvers.separable.solve_separable,
+        "SeparableObjective": separable.SeparableObjective,
+        "solve_separable": separable.solve_separable,
     }
     for name, obj in expected.items():
         assert getattr(sera_opt, name) is obj, name

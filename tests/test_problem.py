@@ -122,7 +122,7 @@ class TestProblemValidation:
             prob.check_counts([1, 5])
 
     def test_levels_and_factors(self):
-        from sera_opt.solvers.separable import PointLevels
+        from sera_opt.separable import PointLevels
 
         prob = AllocationProblem([0.0, 0.5, 1.0], 9, min_rollouts=2, offset=1)
         levels = PointLevels.from_problem(prob).terms([3, 3, 3])

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import sera_opt
 from sera_opt import InfeasibleBudgetError, SeraOptError
-from sera_opt.solvers.separable import (
+from sera_opt.separable import (
     AlphaFairUtility,
     BetaLevels,
     HitUtility,

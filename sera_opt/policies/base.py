@@ -528,8 +528,8 @@ class SeparablePolicy(AllocationPolicy):
     """A policy that allocates by the exact optimum of a separable objective.
 
     A subclass implements :meth:`objective`; the separable engine
-    (:mod:`sera_opt.solvers.separable`) does the rest. A new policy is thus one
-    :class:`~sera_opt.solvers.separable.SeparableObjective` subclass and::
+    (:mod:`sera_opt.separable`) does the rest. A new policy is thus one
+    :class:`~sera_opt.separable.SeparableObjective` subclass and::
 
         @sera_opt.register_policy
         class MyPolicy(sera_opt.SeparablePolicy):

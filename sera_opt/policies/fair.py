@@ -43,7 +43,7 @@ class SERAFairPolicy(SeparablePolicy):
     ``p = 1`` keeps its minimum likewise. Ties between equal gains: fewer
     rollouts first, then the lower index.
 
-    ``Allocation.objective`` is the :class:`~sera_opt.solvers.separable.AlphaFairUtility`
+    ``Allocation.objective`` is the :class:`~sera_opt.separable.AlphaFairUtility`
     (``PointLevels`` at ``alpha=inf``); ``Allocation.objective_value`` the maximized
     sum (``-inf`` for ``alpha >= 1`` when some ``p = 0``).
 

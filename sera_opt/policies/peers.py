@@ -1,7 +1,7 @@
 """The peers' allocation rules (docs/theory.md section 7), each solved exactly.
 
 Every rule here is a separable problem over integer counts with one budget
-constraint, and :mod:`sera_opt.solvers.separable` solves each one exactly
+constraint, and :mod:`sera_opt.separable` solves each one exactly
 (its integer optimum, not a rounding of a relaxation), in ``O(M log M)``.
 The papers' own solvers (a dense dynamic program; SLSQP) are far slower and
 are not reproduced. Where a paper leaves an edge case open, the docstring

@@ -233,7 +233,7 @@ def solve_separable(objective: SeparableObjective, budget: int, min_rollouts,
     -------
     ndarray of int64
         Optimal counts (lexicographically max-min optimal for ``"max-min"``),
-        with the tie rules of :mod:`sera_opt.solvers.separable`.
+        with the tie rules of :mod:`sera_opt.separable`.
 
     Raises
     ------

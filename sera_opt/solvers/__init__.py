@@ -5,8 +5,6 @@
 ``"greedy"``: one rollout at a time in pure Python, the obviously-correct reference.
 """
 
-# sera_opt.solvers.separable: the documented home of the objectives, loaded with the package.
-from . import separable
 from .base import (
     SOLVERS,
     CallableSolver,

@@ -3,7 +3,7 @@
 A solver here solves SERA's problem, the lexicographic max-min of the levels
 ``a_i (n_i - c)`` (docs/theory.md section 3); :class:`~sera_opt.SERAPolicy` and
 :func:`sera_opt.allocate` choose one by name. Other policies solve their own
-objectives in the separable engine (:mod:`sera_opt.solvers.separable`).
+objectives in the separable engine (:mod:`sera_opt.separable`).
 """
 
 from __future__ import annotations

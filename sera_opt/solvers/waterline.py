@@ -1,7 +1,7 @@
 """The waterline solver: closed-form relaxation plus exact integer allocation (numba).
 
 This is SERA's fast path in the separable engine: the objective is
-:class:`~sera_opt.solvers.separable.PointLevels`. When no prompt has ``p = 0``
+:class:`~sera_opt.separable.PointLevels`. When no prompt has ``p = 0``
 or ``p = 1`` (the common case) the kernels run once over all prompts, with
 scalar bounds passed as scalars; otherwise the edges go through
 :mod:`~sera_opt.separable.tiers` and the kernels serve the ordinary prompts.
