@@ -47,3 +47,21 @@ def test_unknown_attribute_raises_attribute_error():
 
     with pytest.raises(AttributeError, match="no attribute"):
         sera_opt.does_not_exist  # noqa: B018
+
+
+def test_all_lists_the_top_level_surface():
+    """``sera_opt.__all__`` is every public name the package binds (its submodules aside,
+    but for ``cache``), once each; the kernel-cache names live under ``sera_opt.cache``."""
+    import types
+
+    import sera_opt
+
+    listed = sera_opt.__all__
+    assert len(listed) == len(set(listed)), "a name listed twice in sera_opt.__all__"
+    public = {name for name in dir(sera_opt) if not name.startswith("_")
+              and not isinstance(getattr(sera_opt, name), types.ModuleType)}
+    assert set(listed) - {"__version__", "cache"} == public
+    assert isinstance(sera_opt.cache, types.ModuleType)
+    for name in ("wait_for_kernels", "kernel_cache_info", "clear_kernel_cache",
+                 "set_kernel_cache_dir", "KernelCacheInfo"):
+        assert name in sera_opt.cache.__all__ and not hasattr(sera_opt, name), name
