@@ -464,7 +464,7 @@ def test_a_level_that_differs_from_numpys_exp_is_checked_and_corrected(monkeypat
             mids[step], levels[step] = mid, level
             above[step] = float(np.sum(np.clip(offset + level / rates, lo, hi))) > budget
             log_low, log_high = (log_low, mid) if above[step] else (mid, log_high)
-        return log_low
+        return log_low, mids.size
 
     class Patched:
         bisect = staticmethod(wrong_exp_bisect)

@@ -116,7 +116,9 @@ def bisect(rates, lo, hi, uniform, offset, budget, first, log_low, log_high, low
     step ``s`` records its bracket (``lows[s]``, ``highs[s]``), its midpoint ``mids[s]``,
     the level ``exp(mids[s])`` it used and whether the counts then sum above ``budget``
     (the midpoint becomes the upper end) or not (the lower end). Returns the final lower
-    end."""
+    end and the number of steps taken: a step that leaves the bracket as it was (its
+    midpoint is one of its ends, once the bracket is down to adjacent floats) is repeated
+    by every later step, so the steps stop there."""
     n = rates.size
     for s in range(first, mids.size):
         lows[s] = log_low
@@ -131,4 +133,6 @@ def bisect(rates, lo, hi, uniform, offset, budget, first, log_low, log_high, low
             log_high = mid
         else:
             log_low = mid
-    return log_low
+        if log_low == lows[s] and log_high == highs[s]:
+            return log_low, s + 1
+    return log_low, mids.size

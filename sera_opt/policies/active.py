@@ -37,8 +37,6 @@ ROUNDINGS = ("exact", "paper")
 _USEFUL_SLACK = 1e-12
 # The authors' bisection runs a fixed number of halvings of log(level).
 _BISECTION_STEPS = 100
-# Below this many prompts numpy's bisection is as quick as the compiled one's call.
-_COMPILED_FROM = 0
 
 
 def check_active_threshold(value) -> float | None:
@@ -162,8 +160,6 @@ def _bisect_log_level(r, lo_in, hi_in, c, left_budget, log_low, log_high):
     numpy's in the last bit: every step whose level differs from ``np.exp`` of its midpoint
     is summed again at numpy's level, and where that changes the step's comparison the
     bisection goes on from there with numpy's decision."""
-    if r.size < _COMPILED_FROM:
-        return _bisect_python(r, lo_in, hi_in, c, left_budget, log_low, log_high)
     from .. import _jit
 
     kernels = _jit.kernels("sera_opt.kernels.active")
@@ -173,14 +169,19 @@ def _bisect_log_level(r, lo_in, hi_in, c, left_budget, log_low, log_high):
     r = np.ascontiguousarray(r, dtype=np.float64)
     lo_in = np.ascontiguousarray(lo_in, dtype=np.float64)
     hi_in = np.ascontiguousarray(hi_in, dtype=np.float64)
+    uniform = bool(lo_in.size) and bool(np.all(lo_in == lo_in[0])) and bool(
+        np.all(hi_in == hi_in[0]))
+    if uniform:
+        lo_in, hi_in = lo_in[:1].copy(), hi_in[:1].copy()
     first = 0
     while True:
-        end = kernels.bisect(r, lo_in, hi_in, False, float(c), float(left_budget), first,
-                             float(log_low), float(log_high), lows, highs, mids, levels, above)
-        exact = np.exp(mids[first:])
-        for step in (np.flatnonzero(exact != levels[first:]) + first).tolist():
+        end, done = kernels.bisect(r, lo_in, hi_in, uniform, float(c), float(left_budget),
+                                   first, float(log_low), float(log_high), lows, highs, mids,
+                                   levels, above)
+        exact = np.exp(mids[first:done])
+        for step in (np.flatnonzero(exact != levels[first:done]) + first).tolist():
             level = float(exact[step - first])
-            total = float(kernels.pairwise_total(r, lo_in, hi_in, False, float(c), level, 0,
+            total = float(kernels.pairwise_total(r, lo_in, hi_in, uniform, float(c), level, 0,
                                                  r.size))
             over = total > left_budget
             if over != bool(above[step]):
@@ -191,7 +192,8 @@ def _bisect_log_level(r, lo_in, hi_in, c, left_budget, log_low, log_high):
                 break
         else:
             return float(end)
-        if first == steps:
+        if first == steps or (log_low == float(lows[step]) and log_high == float(highs[step])):
+            # The corrected step left its bracket as it was: so would every later one.
             return log_low
 
 
