@@ -312,6 +312,19 @@ def test_zero_spread_fraction_is_that_of_the_planned_groups(trained):
         )
 
 
+def _resuming_trainer(trained, tokenizer, prompts, planner):
+    """A fresh trainer on the trained run's folder, one step past its checkpoint."""
+    return SeraGRPOTrainer(
+        model=build_tiny_model(tokenizer),
+        reward_funcs=copy_digit_reward,
+        args=_config(trained["output_dir"], max_steps=4),
+        train_dataset=_dataset(prompts),
+        processing_class=tokenizer,
+        planner=planner,
+        rounds=1,
+    )
+
+
 def test_planner_state_is_saved_and_restored(trained, tokenizer, prompts):
     trainer = trained["trainer"]
     checkpoint = trained["output_dir"] / "checkpoint-3"
@@ -321,15 +334,7 @@ def test_planner_state_is_saved_and_restored(trained, tokenizer, prompts):
     _assert_nested_equal(saved, trainer.sera_planner.state_dict())
 
     fresh_planner = sera_opt.RolloutPlanner("sera", min_rollouts=2, max_rollouts=10, offset=1)
-    resumed = SeraGRPOTrainer(
-        model=build_tiny_model(tokenizer),
-        reward_funcs=copy_digit_reward,
-        args=_config(trained["output_dir"], max_steps=4),
-        train_dataset=_dataset(prompts),
-        processing_class=tokenizer,
-        planner=fresh_planner,
-        rounds=1,
-    )
+    resumed = _resuming_trainer(trained, tokenizer, prompts, fresh_planner)
     resumed.train(resume_from_checkpoint=str(checkpoint))
     assert resumed.state.global_step == 4
     # The resumed planner started from the checkpoint and observed one more batch.
@@ -352,15 +357,7 @@ def test_resume_with_a_planner_of_another_configuration_is_refused(trained, toke
     checkpoint's policy in place of the one passed."""
     checkpoint = trained["output_dir"] / "checkpoint-3"
     other = sera_opt.RolloutPlanner("sera-fair", alpha=1.0, min_rollouts=2, max_rollouts=10)
-    resumed = SeraGRPOTrainer(
-        model=build_tiny_model(tokenizer),
-        reward_funcs=copy_digit_reward,
-        args=_config(trained["output_dir"], max_steps=4),
-        train_dataset=_dataset(prompts),
-        processing_class=tokenizer,
-        planner=other,
-        rounds=1,
-    )
+    resumed = _resuming_trainer(trained, tokenizer, prompts, other)
     with pytest.raises(SeraOptError, match="another planner configuration.*sera-fair"):
         resumed.train(resume_from_checkpoint=str(checkpoint))
     assert other.policy.name == "sera-fair"
