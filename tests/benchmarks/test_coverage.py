@@ -25,7 +25,8 @@ def test_arithmetic_expand_preset_is_the_registered_regime():
     from sera_opt.benchmarks.arithmetic.train import PRESETS
 
     cfg = PRESETS["expand"].validate()
-    assert (cfg.num_train, cfg.num_test, cfg.sft_target_success) == (2048, 1000, 0.12)
+    assert (cfg.num_train, cfg.num_test, cfg.sft_target_success) == (2048, 1000, 0.20)
+    assert cfg.rl_lr == 3e-4
     assert (cfg.rollouts_per_prompt, cfg.min_rollouts, cfg.max_rollouts) == (16, 2, 64)
     # every prompt visited 11 times: revisited at least 10 times
     assert cfg.rl_steps * cfg.prompts_per_step >= 11 * cfg.num_train
