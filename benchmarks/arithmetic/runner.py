@@ -454,10 +454,20 @@ def config_from_args(args: argparse.Namespace) -> ExperimentConfig:
 def merge(paths: list[Path], out_dir: Path | None = None, *, plots: bool = True
           ) -> tuple[ExperimentConfig, dict[str, Any]]:
     """Combine seed shards of one configuration (``arithmetic.json`` files) into one payload
-    with its summary over all their seeds; write it (and the plots) to ``out_dir``."""
+    with its summary over all their seeds; write it (and the plots) to ``out_dir``. A shard
+    may be gzip-compressed (``arithmetic.json.gz``), as the committed shards under
+    docs/results/ are."""
+    import gzip
     import json
 
-    payloads = [json.loads(Path(p).read_text()) for p in paths]
+    def read(path: Path) -> dict:
+        path = Path(path)
+        if path.suffix == ".gz":
+            with gzip.open(path, "rt", encoding="utf-8") as f:
+                return json.load(f)
+        return json.loads(path.read_text(encoding="utf-8"))
+
+    payloads = [read(p) for p in paths]
     configs = [{k: v for k, v in p["config"].items() if k != "seeds"} for p in payloads]
     if any(c != configs[0] for c in configs):
         raise SeraOptError("--merge needs files of one configuration (only --seed and --seeds "

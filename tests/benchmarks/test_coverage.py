@@ -291,6 +291,14 @@ def test_arithmetic_seed_shards_merge_into_the_run_of_all_seeds(tmp_path):
                                       whole["summary"][arm]["pass_at_k_mean"])
     with pytest.raises(SeraOptError, match="more than one file"):
         merge([tmp_path / "s0" / "arithmetic.json"] * 2, plots=False)
+    # a gzip-compressed shard (as committed under docs/results/) merges the same
+    import gzip
+
+    packed = tmp_path / "s1.json.gz"
+    packed.write_bytes(gzip.compress((tmp_path / "s1" / "arithmetic.json").read_bytes()))
+    _, again = merge([packed, tmp_path / "s0" / "arithmetic.json"], plots=False)
+    np.testing.assert_array_equal(again["summary"]["uniform"]["pass_at_k_mean"],
+                                  merged["summary"]["uniform"]["pass_at_k_mean"])
 
 
 def test_the_pilot_scan_reports_the_warm_start_half_per_level(capsys):
