@@ -55,8 +55,8 @@ import numpy as np
 
 import sera_opt
 from sera_opt.benchmarks import _harness
-from sera_opt.rounds import run_rounds
 from sera_opt.benchmarks.alignment import digits as _digits
+from sera_opt.rounds import run_rounds
 
 from .config import HISTOGRAM_BINS, AlignmentConfig, build_methods
 from .gradients import (
