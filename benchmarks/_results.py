@@ -10,6 +10,7 @@ which file and what is wrong, never a traceback or a verdict on the wrong runs.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -33,13 +34,18 @@ class ResultFileError(SeraOptError):
 
 def read_json(path: Path, *, flag: str) -> Any:
     """The JSON value in ``path``, or a :class:`ResultFileError` naming ``flag`` and what is
-    wrong (absent, unreadable, empty, truncated, not JSON)."""
+    wrong (absent, unreadable, empty, truncated, not JSON). A path ending in ``.gz`` is read
+    through gzip (the committed shards under docs/results/ are compressed)."""
     path = Path(path)
     if not path.is_file():
         raise ResultFileError(f"{flag}: no file {str(path)!r}; give the JSON its run wrote")
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        if path.suffix == ".gz":
+            with gzip.open(path, "rt", encoding="utf-8") as f:
+                text = f.read()
+        else:
+            text = path.read_text(encoding="utf-8")
+    except (OSError, EOFError, UnicodeDecodeError) as exc:
         raise ResultFileError(f"{flag}: cannot read {str(path)!r}: "
                               f"{getattr(exc, 'strerror', None) or exc}") from None
     if not text.strip():

@@ -457,17 +457,10 @@ def merge(paths: list[Path], out_dir: Path | None = None, *, plots: bool = True
     with its summary over all their seeds; write it (and the plots) to ``out_dir``. A shard
     may be gzip-compressed (``arithmetic.json.gz``), as the committed shards under
     docs/results/ are."""
-    import gzip
-    import json
+    from sera_opt.benchmarks import _results
 
-    def read(path: Path) -> dict:
-        path = Path(path)
-        if path.suffix == ".gz":
-            with gzip.open(path, "rt", encoding="utf-8") as f:
-                return json.load(f)
-        return json.loads(path.read_text(encoding="utf-8"))
-
-    payloads = [read(p) for p in paths]
+    payloads = [_results.read_result(Path(p), flag="--merge", benchmark=NAME,
+                                     keys=("config", "seeds", "runs")) for p in paths]
     configs = [{k: v for k, v in p["config"].items() if k != "seeds"} for p in payloads]
     if any(c != configs[0] for c in configs):
         raise SeraOptError("--merge needs files of one configuration (only --seed and --seeds "
