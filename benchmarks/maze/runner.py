@@ -37,6 +37,10 @@ an arm costs about 20 s of CPU time per seed and a seed's warm-up 8 s: about
 mazes with the paper's settings (N0 = 16, bounds 2 and 64, passes over the training
 mazes) and the coverage arms, with the regime check and the comparisons of
 docs/decisions/2026-12-07-coverage-expansion-rule.md. Results are in docs/benchmarks.md.
+
+Seeds can run in shards across sessions: ``--seed S --seeds 1`` runs seed S alone, and
+``--merge a/maze.json b/maze.json.gz ...`` summarizes shards of one configuration as one run
+of all their seeds would have (the equal-CPU points come from each shard's own timings).
 """
 
 from __future__ import annotations
@@ -89,6 +93,10 @@ def build_parser():
     parser.add_argument("--workers", type=_harness.at_least(1), default=min(2, os.cpu_count() or 1),
                         help="parallel processes on CPU, one thread each (default: 2 or the "
                              "number of CPUs if fewer; results do not depend on it)")
+    parser.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                        help="summarize the runs of earlier maze.json files (seed shards of "
+                             "one configuration, made with --seed and --seeds; .json.gz "
+                             "files too) instead of training")
     return parser
 
 
@@ -197,11 +205,12 @@ def summarize(config, warmups: list[dict], arms: list[dict]) -> dict:
                                             for lo, hi in PATH_BINS] for s in seeds])}
     summary["warmup"]["by_path_length"] = _spread(
         [_by_path_length(config, w["test_successes"], paths[w["seed"]]) for w in warmups])
-    base = {r["seed"]: r["pass_at_k"] for r in by_arm["uniform"]}
+    # np.asarray: runs read back from a result file (--merge) hold lists
+    base = {r["seed"]: np.asarray(r["pass_at_k"]) for r in by_arm["uniform"]}
     for arm, runs in by_arm.items():
         runs = sorted(runs, key=lambda r: seeds.index(r["seed"]))
         entry = _spread([r["pass_at_k"] for r in runs])
-        differences = np.array([r["pass_at_k"] - base[r["seed"]] for r in runs])
+        differences = np.array([np.asarray(r["pass_at_k"]) - base[r["seed"]] for r in runs])
         entry["difference_to_uniform"] = _spread(differences)
         entry["seeds_above_uniform"] = (differences > 0).sum(axis=0)
         entry["seeds_below_uniform"] = (differences < 0).sum(axis=0)
@@ -448,9 +457,63 @@ def run(config, *, workers: int = 1, show_progress: bool = True, base_seed: int 
             "wall_time": time.perf_counter() - start}
 
 
+def merge(paths, out_dir=None, *, plots: bool = True):
+    """Combine seed shards of one configuration (``maze.json`` files, or their gzip-compressed
+    ``.json.gz`` copies) into one payload with its summary over all their seeds, as one run of
+    all the seeds would have written it; write it (and the plots) to ``out_dir``.
+
+    Raises
+    ------
+    SeraOptError
+        When a file is not a whole maze result, the files differ in more than their seeds,
+        or a seed appears in more than one of them.
+    """
+    from pathlib import Path
+
+    from sera_opt.benchmarks import _results
+    from sera_opt.benchmarks.maze.train import MazeConfig
+
+    payloads = [_results.read_result(Path(p), flag="--merge", benchmark=NAME,
+                                     keys=("config", "seeds", "warmups", "runs"))
+                for p in paths]
+    configs = [{k: v for k, v in p["config"].items() if k != "seeds"} for p in payloads]
+    if any(c != configs[0] for c in configs):
+        differ = sorted(k for c in configs for k in set(c) | set(configs[0])
+                        if c.get(k) != configs[0].get(k))
+        raise SeraOptError("--merge needs files of one configuration (only --seed and --seeds "
+                           f"may differ); these differ in {', '.join(dict.fromkeys(differ))}.")
+    seeds = sorted(s for p in payloads for s in p["seeds"])
+    if len(set(seeds)) != len(seeds):
+        raise SeraOptError("--merge: a seed appears in more than one file; give each shard "
+                           "once.")
+    fields = {k: (tuple(v) if isinstance(v, list) else v) for k, v in configs[0].items()
+              if k in MazeConfig.__dataclass_fields__}
+    config = MazeConfig(**fields, seeds=len(seeds))
+    warmups = sorted((w for p in payloads for w in p["warmups"]), key=lambda w: w["seed"])
+    # summarize orders each arm's runs by the seeds of the warm-ups
+    runs = [r for p in payloads for r in p["runs"]]
+    payload = {**payloads[0], "config": config.to_dict(), "seeds": seeds,
+               "warmups": warmups, "runs": runs, "summary": summarize(config, warmups, runs),
+               "merged_from": [str(p) for p in paths],
+               "wall_time": sum(p.get("wall_time", 0.0) for p in payloads)}
+    if out_dir is not None:
+        _harness.write_json(out_dir, NAME, payload)
+        if plots:
+            plot(config, payload["summary"], runs, out_dir)
+            if "coverage" in payload["summary"]:
+                _plot_coverage(config, runs, out_dir)
+    return config, payload
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.merge:
+        config, payload = merge(args.merge, args.out)
+        print(_table(config, payload["summary"]))
+        print(f"merged {len(payload['seeds'])} seeds from {len(args.merge)} file(s); wrote "
+              f"{args.out}/{NAME}.json")
+        return 0
     if args.quick and args.preset not in (None, "quick"):
         # Both name a preset; running one of them without a word would be a guess.
         parser.error(f"--quick and --preset {args.preset} disagree: --quick is the 'quick' "

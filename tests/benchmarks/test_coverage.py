@@ -124,6 +124,54 @@ def test_maze_paper_runs_end_to_end_for_a_few_steps(tmp_path):
     assert runner._plot_coverage(cfg, result["runs"], tmp_path).stat().st_size > 0
 
 
+def test_maze_seed_shards_merge_into_the_run_of_all_seeds(tmp_path, capsys):
+    import gzip
+    import json
+
+    from sera_opt.benchmarks.maze import runner
+    from sera_opt.benchmarks.maze.train import PRESETS
+
+    cfg = replace(PRESETS["paper"], num_train=16, num_test=8, warmup_steps=2, warmup_mazes=8,
+                  steps=2, mazes_per_step=8, eval_samples=64, eval_every=2, curve_samples=2,
+                  train_probe_samples=4, cpu_grid_s=(0.01,), move_grid=(100.0,),
+                  call_grid=(1.0,), arms=("uniform", "sera-paper"))
+    # two shards as main writes them (its payload), one seed each
+    for seed in (0, 1):
+        result = runner.run(replace(cfg, seeds=1), workers=1, show_progress=False,
+                            base_seed=seed)
+        payload = {"preset": "paper", "command": "test", "seed": seed, "workers": 1,
+                   "config": replace(cfg, seeds=1).to_dict(), **result}
+        runner._harness.write_json(tmp_path / f"s{seed}", "maze", payload)
+    whole = runner.run(replace(cfg, seeds=2), workers=1, show_progress=False)
+    packed = tmp_path / "s1.json.gz"
+    packed.write_bytes(gzip.compress((tmp_path / "s1" / "maze.json").read_bytes()))
+    merged_cfg, merged = runner.merge([packed, tmp_path / "s0" / "maze.json"],
+                                      tmp_path / "merged")
+    assert merged["seeds"] == [0, 1] and merged_cfg.seeds == 2
+    def plain(value):
+        return json.loads(json.dumps(runner._harness._jsonable(value)))
+
+    # what does not depend on timings is the run of both seeds' (the equal-CPU points do)
+    for arm in ("uniform", "sera-paper"):
+        np.testing.assert_array_equal(merged["summary"][arm]["mean"],
+                                      whole["summary"][arm]["mean"])
+    assert (plain(merged["summary"]["sera-paper"]["paired_vs_uniform"])
+            == plain(whole["summary"]["sera-paper"]["paired_vs_uniform"]))
+    for key in ("regime", "gains_by_bin", "active_set"):
+        assert plain(merged["summary"]["coverage"][key]) == plain(whole["summary"]["coverage"][key])
+    assert (tmp_path / "merged" / "maze.json").is_file()
+    assert runner.main(["--merge", str(tmp_path / "s0" / "maze.json"), str(packed),
+                        "--out", str(tmp_path / "again")]) == 0
+    assert "merged 2 seeds" in capsys.readouterr().out
+    with pytest.raises(SeraOptError, match="more than one file"):
+        runner.merge([tmp_path / "s0" / "maze.json"] * 2, plots=False)
+    other = json.loads((tmp_path / "s0" / "maze.json").read_text())
+    other["config"]["lr"] = 1.0
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    with pytest.raises(SeraOptError, match="differ in lr"):
+        runner.merge([tmp_path / "other.json", tmp_path / "s1" / "maze.json"], plots=False)
+
+
 @requires_trl
 @pytest.mark.trl
 def test_trl_expand_runs_end_to_end_for_a_few_steps(tmp_path):
