@@ -151,6 +151,37 @@ def test_the_issue_example_switches_the_solved_prompt_off():
     np.testing.assert_array_equal(some.counts, same.counts)
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(successes=st.lists(st.integers(0, 16), min_size=2, max_size=12),
+       per_prompt=st.integers(2, 64))
+def test_a_first_visit_of_16_rollouts_cannot_switch_a_prompt_off(successes, per_prompt):
+    # docs/theory.md, "The active set": from the prior Beta(1/2, 1/2), 16 rollouts leave every
+    # estimate in [0.5/17, 16.5/17], where a group of 2 or more mixes with chance above 0.05.
+    planner = sera_opt.RolloutPlanner.paper_sera()
+    ids = np.arange(len(successes))
+    rewards = np.concatenate([np.r_[np.ones(k), np.zeros(16 - k)] for k in successes])
+    planner.observe(np.repeat(ids, 16), rewards)
+    planner.end_epoch()
+    assert planner.tracker.estimate(ids).max() <= 16.5 / 17
+    alloc = planner.plan(ids, per_prompt * len(ids))
+    assert alloc.active_set.reasons.tolist() == [ACTIVE] * len(ids)
+    assert alloc.active_set.forced == 0
+
+
+def test_more_evidence_than_a_first_visit_switches_a_solved_prompt_off():
+    # The other side of the claim: the threshold does act once the estimate is high enough.
+    def first_reason(successes):
+        planner = sera_opt.RolloutPlanner.paper_sera()
+        ids = np.arange(8)
+        planner.observe(np.zeros(successes, dtype=int), np.ones(successes))
+        planner.observe(np.repeat(ids[1:], 16), np.tile(np.r_[np.ones(4), np.zeros(12)], 7))
+        planner.end_epoch()
+        return planner.plan(ids, 16 * 8).active_set.reasons[0]
+
+    assert first_reason(16) == ACTIVE
+    assert first_reason(32) == TOO_EASY
+
+
 def test_forced_activation_spends_the_budget():
     # Every prompt nearly solved: none is eligible, the fewest that absorb the budget run.
     p = np.full(8, 0.9999)
